@@ -1,0 +1,39 @@
+"""Helpers shared by the patch modules (stdlib and wrapt only at import time)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
+WORKER = "speculators.data_generation.custom_worker"
+
+#: speculators releases whose generator/worker these patches were written against
+SPECULATORS_03 = ">=0.3.0,<0.4"
+
+#: vLLM releases the 0.16 patch set was validated on (base versions; nightlies of 0.16.x included)
+VALIDATED_016 = ">=0.12,<0.17"
+
+
+def params(obj: Any) -> dict[str, inspect.Parameter]:
+    """The parameters of a callable (a class: its constructor), following wrappers."""
+    return dict(inspect.signature(obj).parameters)
+
+
+def required(param: inspect.Parameter) -> bool:
+    return param.default is inspect.Parameter.empty and param.kind not in (
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    )
+
+
+def qualname(obj: Any) -> str:
+    obj = getattr(obj, "__wrapped__", obj)
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def signature_text(obj: Any) -> str:
+    try:
+        return f"{qualname(obj)}{inspect.signature(obj)}"
+    except (TypeError, ValueError):
+        return qualname(obj)

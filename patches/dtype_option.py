@@ -1,0 +1,72 @@
+"""dtype -- let the user choose the model dtype.
+
+Problem: the stock generator hard-codes ``ModelConfig(dtype="auto")``, so an fp32
+checkpoint runs in half precision (bf16 on CPU): captured states then differ from an fp32
+reference by up to ~5e-2, and MoE routing can flip.
+
+How: ``VllmHiddenStatesGenerator(..., dtype="float32")`` is accepted (the wrapper takes the
+keyword off before the stock constructor sees it), or the environment variable
+``SPECULATORS_COMPAT_DTYPE`` sets a default for every generator. The ``ModelConfig`` name
+in the generator module is wrapped to pass that dtype; with neither set, nothing changes.
+
+Detection: ``ModelConfig`` takes ``dtype``.
+
+Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Remove when speculators exposes the dtype (0.4.x does not).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+
+from speculators_compat.registry import Patch, Probe
+
+from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, signature_text
+
+ENV = "SPECULATORS_COMPAT_DTYPE"
+_requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
+
+
+def probe(module) -> Probe:
+    if "dtype" in params(module.ModelConfig):
+        return Probe.new("ModelConfig takes dtype; the generator hard-codes 'auto'")
+    return Probe.unknown(f"no dtype parameter in {signature_text(module.ModelConfig)}")
+
+
+def _init(wrapped, instance, args, kwargs):
+    dtype = kwargs.pop("dtype", None) or os.environ.get(ENV) or None
+    token = _requested.set(dtype)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _requested.reset(token)
+
+
+def _model_config(wrapped, instance, args, kwargs):
+    dtype = _requested.get()
+    if dtype:
+        kwargs["dtype"] = dtype
+    return wrapped(*args, **kwargs)
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module, "ModelConfig", _model_config)
+    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+
+
+PATCH = Patch(
+    id="dtype",
+    title="dtype choice",
+    delta="ModelConfig(dtype='auto') hard-coded -> VllmHiddenStatesGenerator(dtype=...) / SPECULATORS_COMPAT_DTYPE",
+    api="vllm.config.ModelConfig(dtype=)",
+    side="driver",
+    target=GENERATOR,
+    vllm=VALIDATED_016,
+    speculators=SPECULATORS_03,
+    probe=probe,
+    apply=apply,
+    kind="feature",
+    upstream="not in speculators 0.3.x / 0.4.x",
+    remove_when="speculators exposes the dtype",
+)

@@ -1,0 +1,91 @@
+"""v1 -- engine configuration constructors.
+
+Delta (vLLM 0.12.0):
+  * ``SchedulerConfig``: ``max_model_len`` and ``is_encoder_decoder`` became ``InitVar``
+    fields without defaults; stock speculators 0.3.0 passes only ``max_model_len`` and
+    pydantic fails with "is_encoder_decoder Field required".
+  * ``get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, kv_cache_specs,
+    available_memory)`` lost ``kv_cache_specs``: TypeError.
+
+How: the names ``SchedulerConfig`` and ``get_kv_cache_config_from_groups`` in the
+generator module are wrapped; the first gets ``is_encoder_decoder=False`` (the generator
+extracts from decoder-only models), the second drops ``kv_cache_specs``.
+
+Detection: signature probes on both callables as the generator module sees them; each
+half applies only where its own delta is present.
+
+Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Upstream: fixed in speculators 0.4.0 (vllm-project/speculators, generator rewritten for
+vLLM 0.12+). Remove when speculators 0.3.x support is dropped.
+"""
+
+from __future__ import annotations
+
+from speculators_compat.registry import Patch, Probe
+
+from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, required, signature_text
+
+
+def _parts(module):
+    sched = params(module.SchedulerConfig)
+    kv = params(module.get_kv_cache_config_from_groups)
+    parts = {}
+    if "is_encoder_decoder" in sched and required(sched["is_encoder_decoder"]):
+        parts["scheduler_config"] = "new"
+    elif "is_encoder_decoder" not in sched or not required(sched["is_encoder_decoder"]):
+        parts["scheduler_config"] = "old"
+    if list(kv)[:3] == ["vllm_config", "kv_cache_groups", "available_memory"]:
+        parts["kv_cache_config"] = "new"
+    elif "kv_cache_specs" in kv:
+        parts["kv_cache_config"] = "old"
+    else:
+        parts["kv_cache_config"] = "unknown"
+    return parts
+
+
+def probe(module) -> Probe:
+    parts = _parts(module)
+    if "unknown" in parts.values():
+        return Probe.unknown(
+            "expected get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, "
+            f"[kv_cache_specs,] available_memory), found {signature_text(module.get_kv_cache_config_from_groups)}"
+        )
+    text = ", ".join(f"{k}: {v}" for k, v in parts.items())
+    if all(v == "old" for v in parts.values()):
+        return Probe.old(text)
+    return Probe.new(text)
+
+
+def _scheduler_config(wrapped, instance, args, kwargs):
+    kwargs.setdefault("is_encoder_decoder", False)
+    return wrapped(*args, **kwargs)
+
+
+def _kv_cache_config(wrapped, instance, args, kwargs):
+    kwargs.pop("kv_cache_specs", None)
+    return wrapped(*args, **kwargs)
+
+
+def apply(module, patcher) -> None:
+    parts = _parts(module)
+    if parts["scheduler_config"] == "new":
+        patcher.wrap(module, "SchedulerConfig", _scheduler_config)
+    if parts["kv_cache_config"] == "new":
+        patcher.wrap(module, "get_kv_cache_config_from_groups", _kv_cache_config)
+
+
+PATCH = Patch(
+    id="v1",
+    title="engine configuration constructors",
+    delta="SchedulerConfig(InitVar is_encoder_decoder required); "
+    "get_kv_cache_config_from_groups(-kv_cache_specs)",
+    api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",
+    side="driver",
+    target=GENERATOR,
+    vllm=VALIDATED_016,
+    speculators=SPECULATORS_03,
+    probe=probe,
+    apply=apply,
+    upstream="speculators 0.4.0 builds its configs for vLLM 0.12+",
+    remove_when="speculators 0.3.x is no longer supported",
+)

@@ -1,0 +1,38 @@
+"""speculators_compat: run stock speculators hidden-state extraction correctly on newer vLLM.
+
+``import speculators_compat`` registers post-import hooks; the patches apply when
+``speculators.data_generation`` (driver side) and its worker extension (in every vLLM
+worker) are imported. Importing this package imports neither torch nor vLLM.
+
+Set ``SPECULATORS_COMPAT_DISABLE=all`` (or a comma-separated list of patch ids) to keep
+patches off; ``python -m speculators_compat.check`` shows what applies and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .errors import CaptureContractError, CompatError, IncompatibleVllmError, InvalidInputError
+from .hooks import applied_ids, apply, install, reset, revert, status
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "apply",
+    "revert",
+    "reset",
+    "status",
+    "install",
+    "applied_ids",
+    "CompatError",
+    "IncompatibleVllmError",
+    "InvalidInputError",
+    "CaptureContractError",
+]
+
+logging.getLogger("speculators_compat").addHandler(logging.NullHandler())
+
+if os.environ.get("SPECULATORS_COMPAT_DISABLE", "").strip().lower() not in {"all", "*", "1"}:
+    install()

@@ -1,0 +1,29 @@
+"""``speculators-compat`` console script: ``check`` and ``demo`` subcommands."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = "usage: speculators-compat {check [--json] | demo [--tp N]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "check":
+        from .check import main as check
+
+        return check(rest)
+    if cmd == "demo":
+        from .demo import main as demo
+
+        return demo(rest)
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Errors raised by speculators_compat. All derive from :class:`CompatError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CompatError",
+    "IncompatibleVllmError",
+    "InvalidInputError",
+    "CaptureContractError",
+]
+
+
+class CompatError(RuntimeError):
+    """Base class of every error speculators_compat raises on purpose."""
+
+
+class IncompatibleVllmError(CompatError):
+    """A patch could not prove that its target has the shape it was written for."""
+
+
+class InvalidInputError(CompatError, ValueError):
+    """``generate()`` or the constructor was given input it cannot process correctly."""
+
+
+class CaptureContractError(CompatError):
+    """The captured hidden states do not satisfy the output contract."""

@@ -1,0 +1,190 @@
+"""Post-import hooks and the applied-patch state of this process.
+
+``install()`` registers one ``wrapt`` post-import hook per target module; the hook fires
+when the target is imported, or at once if it already is, so ``import speculators_compat``
+may come before or after speculators and vLLM. Applying is idempotent (a patch applied
+once is never applied again) and reversible (``revert()``). Nothing here imports torch or
+vLLM: the patches import what they need when their target is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from types import ModuleType
+
+import wrapt
+
+from .errors import IncompatibleVllmError
+from .registry import Decision, Patch, Patcher, Status, evaluate
+
+__all__ = ["install", "apply", "revert", "status", "applied_ids"]
+
+log = logging.getLogger("speculators_compat")
+
+_lock = threading.RLock()
+_hooked: set[str] = set()
+_active = True
+_applied: dict[str, Patcher] = {}
+_order: list[str] = []
+_refusals: dict[str, Patcher] = {}
+_decisions: dict[str, Decision] = {}
+_suppressed: set[str] = set()
+
+
+def _registry() -> list[Patch]:
+    from .patches import REGISTRY
+
+    return REGISTRY
+
+
+def _targets() -> list[str]:
+    seen: list[str] = []
+    for patch in _registry():
+        if patch.target not in seen:
+            seen.append(patch.target)
+    return seen
+
+
+def install() -> None:
+    """Register the post-import hooks (once per target module and process)."""
+    global _active
+    with _lock:
+        _active = True
+        for target in _targets():
+            if target not in _hooked:
+                _hooked.add(target)
+                wrapt.register_post_import_hook(_on_import, target)
+
+
+def _on_import(module: ModuleType) -> None:
+    if _active:
+        apply_module(module)
+
+
+def apply_module(module: ModuleType) -> list[Decision]:
+    """Evaluate and apply every patch that targets ``module``; idempotent."""
+    from .patches import ENTRY_POINTS
+
+    name = module.__name__
+    out: list[Decision] = []
+    with _lock:
+        for patch in _registry():
+            if patch.target != name:
+                continue
+            if patch.id in _applied:
+                out.append(_decisions[patch.id])
+                continue
+            decision = evaluate(patch, module)
+            if patch.id in _suppressed and decision.status is Status.APPLIES:
+                decision = Decision(patch, Status.DISABLED, "reverted by speculators_compat.revert()")
+            _decisions[patch.id] = decision
+            out.append(decision)
+            if decision.status is Status.APPLIES:
+                patcher = Patcher()
+                try:
+                    patch.apply(module, patcher)
+                except Exception:
+                    patcher.undo()
+                    raise
+                _applied[patch.id] = patcher
+                _order.append(patch.id)
+                log.debug("applied %s to %s: %s", patch.id, name, decision.reason)
+            else:
+                log.debug("%s %s: %s", patch.id, decision.status.value, decision.reason)
+        refused = [d for d in out if d.status is Status.REFUSED]
+        if refused and name not in _refusals and name in ENTRY_POINTS:
+            _refusals[name] = _install_refusal(module, ENTRY_POINTS[name], refused)
+    return out
+
+
+def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[Decision]) -> Patcher:
+    """Make the target's entry point raise before it does any heavy work."""
+    cls_name, method = entry
+    message = "speculators_compat refuses to run: " + " | ".join(d.reason for d in refused)
+    log.error(message)
+
+    def refuse(wrapped, instance, args, kwargs):
+        raise IncompatibleVllmError(message)
+
+    patcher = Patcher()
+    patcher.wrap(getattr(module, cls_name), method, refuse)
+    return patcher
+
+
+def apply() -> list[Decision]:
+    """Install the hooks and apply to every target already imported."""
+    install()
+    out: list[Decision] = []
+    for target in _targets():
+        module = sys.modules.get(target)
+        if module is not None:
+            out.extend(apply_module(module))
+    return out
+
+
+def revert(ids: list[str] | None = None) -> None:
+    """Undo patches (all of them by default). Reverted ids stay off until ``apply(reset=True)``.
+
+    Wrappers are undone last-in first-out and the remaining patches re-applied, so reverting
+    one patch in the middle of a stack leaves the others intact. Objects created while a
+    patch was active (a running generator, its executor proxy) keep it.
+    """
+    global _active
+    with _lock:
+        if ids is None:
+            _active = False
+            _suppressed.clear()
+        else:
+            _suppressed.update(ids)
+        for pid in reversed(_order):
+            _applied.pop(pid).undo()
+        _order.clear()
+        for patcher in _refusals.values():
+            patcher.undo()
+        _refusals.clear()
+        _decisions.clear()
+    if ids is not None:
+        apply()
+
+
+def reset() -> None:
+    """Revert everything and forget reverted ids; the next ``apply()`` starts afresh."""
+    revert()
+    _suppressed.clear()
+
+
+def applied_ids() -> list[str]:
+    with _lock:
+        return list(_order)
+
+
+def status(import_targets: bool = False) -> list[Decision]:
+    """The decision for every registered patch.
+
+    Patches whose target module is not imported are evaluated against it only when
+    ``import_targets`` is true (which imports speculators and vLLM); otherwise they are
+    reported as pending.
+    """
+    import importlib
+
+    out = []
+    for patch in _registry():
+        with _lock:
+            if patch.id in _decisions:
+                out.append(_decisions[patch.id])
+                continue
+        module = sys.modules.get(patch.target)
+        if module is None and import_targets:
+            try:
+                module = importlib.import_module(patch.target)
+            except ImportError as exc:
+                out.append(Decision(patch, Status.REFUSED, f"cannot import {patch.target}: {exc}"))
+                continue
+        with _lock:
+            if patch.id in _decisions:  # the import above fired the hook
+                out.append(_decisions[patch.id])
+                continue
+        out.append(evaluate(patch, module))
+    return out

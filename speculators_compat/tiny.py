@@ -1,0 +1,121 @@
+"""Tiny models built locally (random weights, a tokenizer trained here): no hub needed.
+
+Used by the demo, the tests and the benchmarks. torch, transformers and tokenizers are
+imported inside the functions, so importing this module stays light.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["build_tokenizer", "build_llama", "hf_reference", "cpu_environment"]
+
+_CORPUS = [
+    "speculative decoding drafts tokens with a small model and verifies them with the large one",
+    "the quick brown fox jumps over the lazy dog while hidden states flow through every layer",
+    "tensor parallel workers each hold a shard of the weights and reduce their partial sums",
+    "prefill computes every prompt token at once; decode adds one token per step",
+    "0123456789 !?.,;:-_()[]{} <>'\" hello world HELLO WORLD",
+]
+
+
+def cpu_environment(tensor_parallel_size: int = 1) -> None:
+    """Environment defaults for running vLLM's CPU build here (set only where unset)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if tensor_parallel_size > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def build_tokenizer(path: str | Path, vocab_size: int = 384) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(str(path))
+
+
+def build_llama(
+    path: str | Path,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 8,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 256,
+    vocab_size: int = 512,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """A random-weight Llama saved in fp32 with a locally trained tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig(
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(str(path), safe_serialization=True)
+    build_tokenizer(path, vocab_size=min(vocab_size, 384))
+    return path
+
+
+def hf_reference(path: str | Path, token_ids: list[int], layer_ids: list[int]) -> list:
+    """HF transformers fp32 states matching the stock capture of each layer id.
+
+    Captured layer ``i`` is ``hidden_states + residual`` after decoder layer ``i``, i.e. HF's
+    ``hidden_states[i + 1]``, except the last layer, which HF reports after the final norm:
+    it is taken from a forward hook on the last decoder layer instead.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = _hf_model(str(path))
+    last = {}
+    handle = model.model.layers[-1].register_forward_hook(
+        lambda m, a, out: last.__setitem__("h", out[0] if isinstance(out, tuple) else out)
+    )
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([token_ids]), output_hidden_states=True)
+    finally:
+        handle.remove()
+    n = model.config.num_hidden_layers
+    return [(last["h"] if i == n - 1 else out.hidden_states[i + 1])[0].float() for i in sorted(set(layer_ids))]
+
+
+_HF_CACHE: dict = {}
+
+
+def _hf_model(path: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if path not in _HF_CACHE:
+        _HF_CACHE[path] = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    return _HF_CACHE[path]

@@ -1,0 +1,205 @@
+"""One real extraction scenario, run in a fresh process; prints a JSON report.
+
+Used by the end-to-end tests (``tests/test_e2e.py``) with different environments: all
+patches, each patch disabled alone (``SPECULATORS_COMPAT_DISABLE=<id>``), none at all, and
+tensor parallel 2 with spawned workers. ``speculators_compat`` is imported inside
+``main()`` only, so with ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` the workers get the
+patches solely through the ``vllm.general_plugins`` entry point.
+
+Steps (each reported ok / failed with its error; later steps still run when possible):
+  start    construct the stock generator (dtype from SPECULATORS_COMPAT_DTYPE)
+  mixed    40+ sequences of 1..300 tokens: rows == tokens, every layer == HF fp32
+  repeat   the same batch again (second and third calls) == the first
+  chunked  5 x 2000 tokens (> max_num_batched_tokens 8192) == HF fp32
+  leak     the worker request cache is empty after the calls
+  badinput empty batch / empty sequence / out-of-vocab token / float token raise clearly,
+           and the next call still returns correct data
+  overlong a sequence over max_model_len - 1 is truncated as stock does, with a warning
+           naming the sequence and both lengths
+  layers   bad layer ids (out of range, not ints) raise before any engine starts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+
+LAYERS = [0, 2, 5, 7]
+TOL = 1e-4
+
+
+def compare(path, batch, results):
+    from speculators_compat import tiny
+
+    worst = 0.0
+    if len(results) != len(batch):
+        raise AssertionError(f"{len(results)} results for {len(batch)} sequences")
+    for i, (ids, res) in enumerate(zip(batch, results)):
+        ref = tiny.hf_reference(path, ids, LAYERS)
+        if len(res["hidden_states"]) != len(ref):
+            raise AssertionError(f"sequence {i}: {len(res['hidden_states'])} layers, expected {len(ref)}")
+        if res["input_ids"].tolist() != list(ids):
+            raise AssertionError(f"sequence {i}: input_ids differ from the input")
+        for layer, got, want in zip(LAYERS, res["hidden_states"], ref):
+            if tuple(got.shape) != tuple(want.shape):
+                raise AssertionError(f"sequence {i} layer {layer}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+            worst = max(worst, (got.float() - want).abs().max().item())
+    if worst > TOL:
+        raise AssertionError(f"max abs diff against HF fp32 {worst:.3g} > {TOL}")
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--steps", default="layers,start,mixed,repeat,chunked,leak,badinput,overlong")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    steps = args.steps.split(",")
+
+    from speculators_compat import tiny
+
+    tiny.cpu_environment(args.tp)
+    import speculators_compat  # noqa: F401  (only here: workers must get it via the plugin)
+
+    report: dict = {"steps": {}}
+
+    def run(name, fn):
+        if name not in steps:
+            return None
+        t = time.time()
+        try:
+            value = fn()
+            report["steps"][name] = {"ok": True, "value": value, "seconds": round(time.time() - t, 2)}
+        except BaseException as exc:  # noqa: BLE001 - the report must record any failure
+            report["steps"][name] = {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "trace": traceback.format_exc()[-4000:],
+                "seconds": round(time.time() - t, 2),
+            }
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+        return report["steps"][name]
+
+    holder = {}
+
+    def start():
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+        holder["gen"] = VllmHiddenStatesGenerator(
+            args.model, layer_ids=LAYERS, max_model_len=2048, tensor_parallel_size=args.tp
+        )
+        return {"applied": speculators_compat.applied_ids()}
+
+    rng = random.Random(1234)
+    lengths = [1, 2, 3, 17, 299, 300] + [rng.randint(1, 300) for _ in range(36)]
+    mixed = [[rng.randrange(3, 500) for _ in range(n)] for n in lengths]
+    chunked = [[rng.randrange(3, 500) for _ in range(2000)] for _ in range(5)]
+
+    def step_mixed():
+        holder["first"] = holder["gen"].generate(mixed)
+        return compare(args.model, mixed, holder["first"])
+
+    def step_repeat():
+        import torch
+
+        for _ in range(2):
+            again = holder["gen"].generate(mixed)
+            for a, b in zip(holder["first"], again):
+                for x, y in zip(a["hidden_states"], b["hidden_states"]):
+                    if not torch.equal(x, y):
+                        raise AssertionError("a repeated call returned different states")
+        return "identical"
+
+    def step_chunked():
+        return compare(args.model, chunked, holder["gen"].generate(chunked))
+
+    def step_leak():
+        sizes = holder["gen"].executor.collective_rpc(lambda self: len(self.model_runner.requests))
+        if any(sizes):
+            raise AssertionError(f"worker request caches hold {sizes} requests")
+        return sizes
+
+    def step_badinput():
+        gen = holder["gen"]
+        outcomes = {}
+        for name, bad in {
+            "empty batch": [],
+            "empty sequence": [[5, 6, 7], []],
+            "out of vocab": [[5, 6, 10**6]],
+            "float token": [[5, 6.5, 7]],
+        }.items():
+            try:
+                gen.generate(bad)
+            except (ValueError, TypeError) as exc:
+                outcomes[name] = f"{type(exc).__name__}: {exc}"
+            else:
+                raise AssertionError(f"{name}: no error raised")
+        compare(args.model, mixed[:8], gen.generate(mixed[:8]))
+        return outcomes
+
+    def step_layers():
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+        outcomes = {}
+        for name, bad in {"out of range": [0, 8], "negative": [-1], "not ints": ["2"], "empty": []}.items():
+            try:
+                VllmHiddenStatesGenerator(args.model, layer_ids=bad, max_model_len=2048)
+            except (ValueError, TypeError) as exc:
+                outcomes[name] = f"{type(exc).__name__}: {exc}"
+            else:
+                raise AssertionError(f"layer_ids {bad!r}: no error raised")
+        return outcomes
+
+    def step_overlong():
+        import logging
+
+        seen = []
+
+        class Grab(logging.Handler):
+            def emit(self, record):
+                seen.append(record.getMessage())
+
+        handler = Grab(level=logging.WARNING)
+        logging.getLogger().addHandler(handler)
+        try:
+            seq = [rng.randrange(3, 500) for _ in range(2100)]
+            res = holder["gen"].generate([mixed[3], seq])
+        finally:
+            logging.getLogger().removeHandler(handler)
+        rows = [r["hidden_states"][0].shape[0] for r in res]
+        if rows != [len(mixed[3]), 2047]:
+            raise AssertionError(f"rows {rows}, expected [{len(mixed[3])}, 2047]")
+        compare(args.model, [mixed[3], seq[:2047]], res)
+        warned = [m for m in seen if "2100" in m and "2047" in m and "sequence 1" in m]
+        if not warned:
+            raise AssertionError(f"no truncation warning naming sequence 1, 2100 and 2047 tokens: {seen}")
+        return warned[0]
+
+    run("layers", step_layers)
+    run("start", start)
+    if "gen" in holder:
+        run("mixed", step_mixed)
+        if "first" in holder:
+            run("repeat", step_repeat)
+        run("chunked", step_chunked)
+        run("leak", step_leak)
+        run("badinput", step_badinput)
+        run("overlong", step_overlong)
+    with open(args.out, "w") as fh:
+        json.dump(report, fh, indent=1, default=str)
+    gen = holder.pop("gen", None)
+    if gen is not None:
+        gen.executor.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
