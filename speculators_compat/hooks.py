@@ -34,8 +34,16 @@ _suppressed: set[str] = set()
 
 
 def _registry() -> list[Patch]:
-    from .patches import REGISTRY
-
+    try:
+        from .patches import REGISTRY
+    except ModuleNotFoundError as exc:
+        if exc.name != "speculators_compat.patches":
+            raise
+        raise ImportError(
+            "speculators_compat.patches is missing: this speculators_compat was imported from a "
+            "source checkout (its patches/ folder is installed as speculators_compat.patches). "
+            "Install the package (pip install -e .) and run from outside the checkout root."
+        ) from exc
     return REGISTRY
 
 

@@ -194,9 +194,9 @@ def test_refused_patch_stops_the_entry_point(fake_registry, at_versions):
     sys.modules.pop("fake_target4")
 
 
-def test_import_is_light():
+def test_import_is_light(tmp_path):
     code = "import sys, speculators_compat; print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert out.strip() == "[]"
 
 
