@@ -21,8 +21,10 @@ speculators/vLLM missing); 2 -- the check itself failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import platform
 import sys
 
@@ -78,13 +80,29 @@ def _text(rep: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Keep stdout for the report: vLLM and native libraries log to stdout while importing."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="speculators-compat check", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     args = ap.parse_args(argv)
-    logging.getLogger("vllm").setLevel(logging.WARNING)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
-        rep = report()
+        with _stdout_to_stderr():
+            rep = report()
     except Exception as exc:  # the check must say what broke, not crash with a trace
         print(f"speculators_compat check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
