@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._common import GENERATOR, WORKER
 from . import (
     cpu_mem_get_info,
+    cpu_rotary_3d,
     dtype_option,
     guard_input,
     guard_output,
@@ -35,6 +36,7 @@ REGISTRY = [
     guard_output.PATCH,
     guard_input.PATCH,
     v3_worker_capture.PATCH,
+    cpu_rotary_3d.PATCH,
 ]
 
 #: where a refused patch stops its target before any heavy work: (class, method)

