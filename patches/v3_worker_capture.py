@@ -18,8 +18,8 @@ stock ``_store_captured_states``. ``_reset_capture`` and ``_get_captured_states`
 stock. Calling setup again replaces the hooks (idempotent). Pipeline parallelism (never
 configured by the stock generator) is refused with a clear error.
 
-Detection: vLLM's model protocol ``VllmModel`` names ``embed_input_ids`` (new) or
-``get_input_embeddings`` (old).
+Detection: vLLM's reference dense base model ``LlamaModel`` has ``embed_input_ids`` and no
+``get_input_embeddings`` (new), or still has ``get_input_embeddings`` (old).
 
 Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x, in every worker process (reached
 through the ``vllm.general_plugins`` entry point, see ``speculators_compat.plugin``).
@@ -43,14 +43,14 @@ BASE_MODEL_PATHS = ("model", "language_model.model", "language_model")
 
 
 def probe(module) -> Probe:
-    from vllm.model_executor.models.interfaces_base import VllmModel
+    from vllm.model_executor.models.llama import LlamaModel
 
-    names = set(dir(VllmModel))
+    names = set(dir(LlamaModel))
     if "embed_input_ids" in names and "get_input_embeddings" not in names:
-        return Probe.new("VllmModel protocol names embed_input_ids")
+        return Probe.new("LlamaModel has embed_input_ids, not get_input_embeddings")
     if "get_input_embeddings" in names:
-        return Probe.old("VllmModel protocol names get_input_embeddings")
-    return Probe.unknown("VllmModel protocol names neither embed_input_ids nor get_input_embeddings")
+        return Probe.old("LlamaModel has get_input_embeddings")
+    return Probe.unknown("LlamaModel has neither embed_input_ids nor get_input_embeddings")
 
 
 def find_base_model(model):
