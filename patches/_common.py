@@ -37,3 +37,16 @@ def signature_text(obj: Any) -> str:
         return f"{qualname(obj)}{inspect.signature(obj)}"
     except (TypeError, ValueError):
         return qualname(obj)
+
+#: speculators 0.4.x (vLLM 0.12-0.16), which fixed most API breaks itself
+SPECULATORS_04 = ">=0.4.0,<0.5"
+
+#: the library's own guards and options serve every speculators release with the generator
+SPECULATORS_ALL = ">=0.3.0,<0.5"
+
+
+def source_of(obj) -> str:
+    """The source text of a function or class (read, never executed)."""
+    import inspect
+
+    return inspect.getsource(getattr(obj, "__wrapped__", obj))

@@ -28,7 +28,7 @@ import inspect
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import SPECULATORS_03, VALIDATED_016, WORKER
+from ._common import SPECULATORS_ALL, VALIDATED_016, WORKER
 
 
 def _rotary():
@@ -68,7 +68,7 @@ PATCH = Patch(
     side="worker",
     target=WORKER,
     vllm=VALIDATED_016,
-    speculators=SPECULATORS_03,
+    speculators=SPECULATORS_ALL,
     probe=probe,
     apply=apply,
     kind="platform",

@@ -11,7 +11,7 @@ in the generator module is wrapped to pass that dtype; with neither set, nothing
 
 Detection: ``ModelConfig`` takes ``dtype``.
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x and 0.4.x.
 Remove when speculators exposes the dtype (0.4.x does not).
 """
 
@@ -22,7 +22,7 @@ import os
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, signature_text
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016, params, signature_text
 
 ENV = "SPECULATORS_COMPAT_DTYPE"
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
@@ -63,7 +63,7 @@ PATCH = Patch(
     side="driver",
     target=GENERATOR,
     vllm=VALIDATED_016,
-    speculators=SPECULATORS_03,
+    speculators=SPECULATORS_ALL,
     probe=probe,
     apply=apply,
     kind="feature",

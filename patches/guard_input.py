@@ -14,7 +14,7 @@ Not a vLLM delta: the library's own guard around the stock generator.
   aborted, the workers are told, and the capture buffer is reset, so the next call starts
   clean; the original error is re-raised.
 
-Covers: speculators 0.3.x on vLLM 0.12.0 - 0.16.x.
+Covers: speculators 0.3.x and 0.4.x on vLLM 0.12.0 - 0.16.x.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numbers
 from speculators_compat.errors import InvalidInputError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016
 
 log = logging.getLogger("speculators_compat")
 
@@ -148,7 +148,7 @@ PATCH = Patch(
     side="driver",
     target=GENERATOR,
     vllm=VALIDATED_016,
-    speculators=SPECULATORS_03,
+    speculators=SPECULATORS_ALL,
     probe=probe,
     apply=apply,
     kind="guard",

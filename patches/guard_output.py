@@ -8,7 +8,7 @@ them), each of shape ``[len(input_ids), hidden_size]``, on the CPU, with finite 
 A violation raises :class:`~speculators_compat.errors.CaptureContractError` naming the
 sequence and the layer.
 
-Covers: speculators 0.3.x on vLLM 0.12.0 - 0.16.x.
+Covers: speculators 0.3.x and 0.4.x on vLLM 0.12.0 - 0.16.x.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016
 
 
 def probe(module) -> Probe:
@@ -72,7 +72,7 @@ PATCH = Patch(
     side="driver",
     target=GENERATOR,
     vllm=VALIDATED_016,
-    speculators=SPECULATORS_03,
+    speculators=SPECULATORS_ALL,
     probe=probe,
     apply=apply,
     kind="guard",
