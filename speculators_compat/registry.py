@@ -165,7 +165,7 @@ def evaluate(patch: Patch, module: ModuleType | None) -> Decision:
         return Decision(patch, Status.PENDING, f"{patch.target} not imported yet")
     try:
         probe = patch.probe(module)
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+    except (ImportError, AttributeError, TypeError, ValueError, OSError) as exc:
         probe = Probe.unknown(f"probe failed: {type(exc).__name__}: {exc}")
     if probe.shape is Shape.OLD:
         return Decision(patch, Status.NOT_NEEDED, f"delta absent: {probe.evidence}")

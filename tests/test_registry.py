@@ -221,3 +221,18 @@ def test_s04_result_order_inverts_the_string_sort_of_request_ids(n):
     stock_order = [int(rid.rsplit("_", 1)[1]) for rid in sorted(ids)]  # what speculators 0.4 returns
     assert input_order(n) == stock_order
     assert sorted(input_order(n)) == list(range(n))
+
+
+def test_a_probe_that_cannot_read_its_target_refuses(at_versions):
+    import types
+
+    def probe(module):
+        raise OSError("could not get source code")
+
+    patch = Patch(
+        id="src", title="src", delta="d", side="driver", target="t", vllm=">=0.12,<0.17",
+        speculators=">=0.3,<0.4", probe=probe, apply=lambda m, p: None, api="fake.src",
+    )
+    decision = evaluate(patch, types.ModuleType("t"))
+    assert decision.status is Status.REFUSED
+    assert "probe failed: OSError: could not get source code" in decision.reason
