@@ -50,3 +50,12 @@ def source_of(obj) -> str:
     import inspect
 
     return inspect.getsource(getattr(obj, "__wrapped__", obj))
+
+
+def platform_memory() -> tuple[int, int]:
+    """``(free, total)`` device memory as vLLM's current platform reports it (CPU: the
+    configured KV cache space), in the shape of ``torch.cuda.mem_get_info()``."""
+    from vllm.platforms import current_platform
+
+    total = int(current_platform.get_device_total_memory())
+    return total, total

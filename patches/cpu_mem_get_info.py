@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03
+from ._common import GENERATOR, SPECULATORS_03, platform_memory
 
 #: a platform patch: the stock generator needs it on the CPU with every vLLM it runs on
 VALIDATED = ">=0.11,<0.17"
@@ -39,10 +39,7 @@ def _mem_get_info(wrapped, instance, args, kwargs):
 
     if torch.cuda.is_available():
         return wrapped(*args, **kwargs)
-    from vllm.platforms import current_platform
-
-    total = int(current_platform.get_device_total_memory())
-    return total, total
+    return platform_memory()
 
 
 def apply(module, patcher) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_016
+from ._common import GENERATOR, SPECULATORS_04, VALIDATED_016, platform_memory
 
 
 def probe(module) -> Probe:
@@ -40,8 +40,7 @@ def _mem_get_info(wrapped, instance, args, kwargs):
 
     if not current_platform.is_cpu():
         return wrapped(*args, **kwargs)
-    total = int(current_platform.get_device_total_memory())
-    return total, total
+    return platform_memory()
 
 
 def apply(module, patcher) -> None:
