@@ -17,6 +17,12 @@ Steps (each reported ok / failed with its error; later steps still run when poss
   overlong a sequence over max_model_len - 1 is truncated as stock does, with a warning
            naming the sequence and both lengths
   layers   bad layer ids (out of range, not ints) raise before any engine starts
+  prefix   sequences sharing a 300-token prefix (and exact duplicates) == HF fp32: no token is
+           skipped by prefix caching
+  soak     100 more calls: the worker request cache, the captured-state buffer, the
+           scheduler's requests and its free KV blocks are the same after as before
+  longseq  (with --max-num-batched-tokens, speculators 0.4) a single sequence longer than
+           max_num_batched_tokens, chunked across steps, == HF fp32
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--steps", default="layers,start,mixed,repeat,chunked,leak,badinput,overlong")
+    ap.add_argument("--steps", default="layers,start,mixed,repeat,chunked,leak,badinput,overlong,prefix,soak")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     steps = args.steps.split(",")
@@ -96,8 +103,11 @@ def main() -> int:
     def start():
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
+        extra = {}
+        if args.max_num_batched_tokens:
+            extra["max_num_batched_tokens"] = args.max_num_batched_tokens
         holder["gen"] = VllmHiddenStatesGenerator(
-            args.model, layer_ids=LAYERS, max_model_len=2048, tensor_parallel_size=args.tp
+            args.model, layer_ids=LAYERS, max_model_len=2048, tensor_parallel_size=args.tp, **extra
         )
         return {"applied": speculators_compat.applied_ids()}
 
@@ -186,6 +196,37 @@ def main() -> int:
             raise AssertionError(f"no truncation warning naming sequence 1, 2100 and 2047 tokens: {seen}")
         return warned[0]
 
+    def step_prefix():
+        shared = [rng.randrange(3, 500) for _ in range(300)]
+        batch = [shared + [rng.randrange(3, 500) for _ in range(n)] for n in (1, 7, 16, 33, 50)]
+        batch += [list(batch[1]), list(shared), shared[:17]] + [list(batch[3]) for _ in range(4)]
+        return compare(args.model, batch, holder["gen"].generate(batch))
+
+    def worker_state(gen):
+        return gen.executor.collective_rpc(
+            lambda self: (len(self.model_runner.requests), getattr(self, "_captured_states", None) is None)
+        )
+
+    def step_soak():
+        gen = holder["gen"]
+        pool = gen.scheduler.kv_cache_manager.block_pool
+        before = {"free_blocks": pool.get_num_free_blocks(), "workers": worker_state(gen)}
+        for call in range(100):
+            batch = [[rng.randrange(3, 500) for _ in range(rng.randint(1, 80))] for _ in range(rng.randint(1, 6))]
+            res = gen.generate(batch)
+            if [r["hidden_states"][0].shape[0] for r in res] != [len(b) for b in batch]:
+                raise AssertionError(f"call {call}: rows differ from tokens")
+        after = {"free_blocks": pool.get_num_free_blocks(), "workers": worker_state(gen)}
+        if gen.scheduler.requests:
+            raise AssertionError(f"the scheduler still holds {len(gen.scheduler.requests)} requests")
+        if after != before or any(n for n, _ in after["workers"]):
+            raise AssertionError(f"state grew over 100 calls: before {before}, after {after}")
+        return after
+
+    def step_longseq():
+        batch = [[rng.randrange(3, 500) for _ in range(2000)], mixed[4], [rng.randrange(3, 500) for _ in range(1500)]]
+        return compare(args.model, batch, holder["gen"].generate(batch))
+
     run("layers", step_layers)
     run("start", start)
     if "gen" in holder:
@@ -196,6 +237,9 @@ def main() -> int:
         run("leak", step_leak)
         run("badinput", step_badinput)
         run("overlong", step_overlong)
+        run("prefix", step_prefix)
+        run("soak", step_soak)
+        run("longseq", step_longseq)
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1, default=str)
     gen = holder.pop("gen", None)

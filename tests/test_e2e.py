@@ -24,7 +24,7 @@ HERE = Path(__file__).parent
 SPEC04 = versions.speculators().base >= versions.Version("0.4")
 only03 = pytest.mark.skipif(SPEC04, reason="speculators 0.3.x behaviour")
 only04 = pytest.mark.skipif(not SPEC04, reason="speculators 0.4.x behaviour")
-ALL_STEPS = ["layers", "start", "mixed", "repeat", "chunked", "leak", "badinput", "overlong"]
+ALL_STEPS = ["layers", "start", "mixed", "repeat", "chunked", "leak", "badinput", "overlong", "prefix", "soak"]
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,7 @@ def deepseek(tmp_path_factory):
 NO_MLA = {"VLLM_MLA_DISABLE": "1"}
 
 
-def scenario(model, tmp_path, *, disable="", tp=1, steps=None, extra_env=None, timeout=900):
+def scenario(model, tmp_path, *, disable="", tp=1, steps=None, extra_env=None, args=(), timeout=900):
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
     env.update(SPECULATORS_COMPAT_DTYPE="float32", SPECULATORS_COMPAT_DISABLE=disable)
@@ -53,6 +53,7 @@ def scenario(model, tmp_path, *, disable="", tp=1, steps=None, extra_env=None, t
     cmd = [sys.executable, str(HERE / "scenario.py"), model, "--tp", str(tp), "--out", str(out)]
     if steps:
         cmd += ["--steps", ",".join(steps)]
+    cmd += list(args)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())["steps"]
@@ -80,7 +81,9 @@ def test_stock_generator_runs_correctly_with_the_shim(model, tmp_path):
     assert failures(report) == {}
     assert list(report) == ALL_STEPS
     assert report["mixed"]["value"] <= 1e-4 and report["chunked"]["value"] <= 1e-4
+    assert report["prefix"]["value"] <= 1e-4
     assert report["leak"]["value"] == [0]
+    assert report["soak"]["value"]["workers"] == [[0, True]]
     expected = DRIVER_PATCHES_04 if SPEC04 else DRIVER_PATCHES_03
     assert set(report["start"]["value"]["applied"]) == expected
     messages = report["badinput"]["value"]
@@ -172,6 +175,17 @@ NEEDED_04 = {
     "s04-result-order": ("mixed", "CaptureContractError: sequence 2: input_ids do not match the input"),
     "s04-result-order,guard-output": ("mixed", "sequence 2: input_ids differ from the input"),
 }
+
+
+@only04
+def test_speculators_04_chunked_prefill_of_a_sequence_longer_than_a_step(model, tmp_path):
+    # speculators 0.4 takes max_num_batched_tokens: 512 splits a 2000-token prompt over 4 steps
+    report = scenario(
+        model, tmp_path, steps=["start", "mixed", "chunked", "soak", "longseq"],
+        args=["--max-num-batched-tokens", "512"],
+    )
+    assert failures(report) == {}
+    assert report["longseq"]["value"] <= 1e-4 and report["chunked"]["value"] <= 1e-4
 
 
 @only04
