@@ -15,6 +15,7 @@ from . import (
     dtype_option,
     guard_input,
     guard_output,
+    report,
     s04_cpu_mem_get_info,
     s04_result_order,
     s04_scheduler_loop,
@@ -41,6 +42,7 @@ REGISTRY = [
     s04_result_order.PATCH,
     guard_output.PATCH,
     guard_input.PATCH,
+    report.PATCH,
     v3_worker_capture.PATCH,
     cpu_rotary_3d.PATCH,
 ]

@@ -32,7 +32,13 @@ __all__ = [
     "CaptureContractError",
 ]
 
-logging.getLogger("speculators_compat").addHandler(logging.NullHandler())
+_log = logging.getLogger("speculators_compat")
+_log.addHandler(logging.NullHandler())
+if os.environ.get("SPECULATORS_COMPAT_VERBOSE", "").strip().lower() in {"1", "true", "yes"}:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+    _log.addHandler(_handler)
+    _log.setLevel(logging.DEBUG)
 
 if os.environ.get("SPECULATORS_COMPAT_DISABLE", "").strip().lower() not in {"all", "*", "1"}:
     install()

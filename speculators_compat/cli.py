@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: speculators-compat {check [--json] | demo [--tp N]}"
+USAGE = "usage: speculators-compat {check [--json] | demo [--tp N] | run SCRIPT [ARGS...]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         from .check import main as check
 
         return check(rest)
+    if cmd == "run":
+        from .run import main as run
+
+        return run(rest)
     if cmd == "demo":
         from .demo import main as demo
 

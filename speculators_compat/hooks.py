@@ -110,6 +110,8 @@ def apply_module(module: ModuleType) -> list[Decision]:
 def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[Decision]) -> Patcher:
     """Make the target's entry point raise before it does any heavy work."""
     cls_name, method = entry
+    # an API whose shape is unknown comes first: it is what actually changed
+    refused = sorted(refused, key=lambda d: "the API shape matches" in d.reason)
     message = "speculators_compat refuses to run: " + " | ".join(d.reason for d in refused)
     log.error(message)
 

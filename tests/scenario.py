@@ -78,7 +78,19 @@ def main() -> int:
     tiny.cpu_environment(args.tp)
     import speculators_compat  # noqa: F401  (only here: workers must get it via the plugin)
 
-    report: dict = {"steps": {}, "layers": LAYERS}
+    report: dict = {"steps": {}, "layers": LAYERS, "log": []}
+
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith(("generate()", "executor")):
+                report["log"].append(message)
+
+    compat_log = logging.getLogger("speculators_compat")
+    compat_log.addHandler(Keep(level=logging.INFO))
+    compat_log.setLevel(logging.INFO)
 
     def run(name, fn):
         if name not in steps:
@@ -240,11 +252,15 @@ def main() -> int:
         run("prefix", step_prefix)
         run("soak", step_soak)
         run("longseq", step_longseq)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1, default=str)
     gen = holder.pop("gen", None)
     if gen is not None:
-        gen.executor.shutdown()
+        import gc
+
+        del gen  # the generator's __del__ shuts the executor down
+        gc.collect()
+    report["log"] = report["log"][:3] + report["log"][-2:]
+    with open(args.out, "w") as fh:
+        json.dump(report, fh, indent=1, default=str)
     return 0
 
 

@@ -56,7 +56,9 @@ def scenario(model, tmp_path, *, disable="", tp=1, steps=None, extra_env=None, a
     cmd += list(args)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(out.read_text())["steps"]
+    data = json.loads(out.read_text())
+    data["steps"]["log"] = {"ok": True, "value": data["log"]}
+    return data["steps"]
 
 
 def failures(report, trace=False):
@@ -69,21 +71,26 @@ def failures(report, trace=False):
 
 DRIVER_PATCHES_03 = {
     "v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v4", "v5",
-    "cpu-mem-get-info", "dtype", "guard-output", "guard-input",
+    "cpu-mem-get-info", "dtype", "guard-output", "guard-input", "report",
 }
 DRIVER_PATCHES_04 = {
     "s04-cpu-mem-get-info", "s04-scheduler-loop", "s04-result-order", "dtype", "guard-output", "guard-input",
+    "report",
 }
 
 
 def test_stock_generator_runs_correctly_with_the_shim(model, tmp_path):
     report = scenario(model, tmp_path)
     assert failures(report) == {}
-    assert list(report) == ALL_STEPS
+    assert list(report) == [*ALL_STEPS, "log"]
     assert report["mixed"]["value"] <= 1e-4 and report["chunked"]["value"] <= 1e-4
     assert report["prefix"]["value"] <= 1e-4
     assert report["leak"]["value"] == [0]
     assert report["soak"]["value"]["workers"] == [[0, True]]
+    log = report["log"]["value"]
+    assert log[0].startswith("generate(): 42 sequences, ")
+    assert ", layers [0, 2, 5, 7], hidden 128, float32, " in log[0]
+    assert log[-1].startswith("executor shut down cleanly")
     expected = DRIVER_PATCHES_04 if SPEC04 else DRIVER_PATCHES_03
     assert set(report["start"]["value"]["applied"]) == expected
     messages = report["badinput"]["value"]
@@ -198,7 +205,9 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 def test_every_patch_is_shown_necessary():
     from speculators_compat.patches import REGISTRY
 
-    shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {"cpu-rotary-3d"}
+    # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines
+    # asserted in test_stock_generator_runs_correctly_with_the_shim
+    shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {"cpu-rotary-3d", "report"}
     assert {p.id for p in REGISTRY} <= shown
 
 
@@ -257,3 +266,39 @@ def test_kimi_k25_base_model_path_matches_the_real_vllm_classes():
     kimi.language_model = lm
     base, path = find_base_model(kimi)
     assert path == "language_model.model" and base is lm.model
+
+
+def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
+    import random
+
+    import torch
+
+    from speculators_compat import tiny
+
+    rng = random.Random(7)
+    lengths = [1, 5, 40, 120, 300, 2100] + [rng.randint(2, 200) for _ in range(14)]
+    samples = []
+    for n in lengths:
+        ids = [rng.randrange(3, 500) for _ in range(n)]
+        samples.append({"input_ids": ids, "loss_mask": [int(i > n // 2) for i in range(n)]})
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(s) for s in samples) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    cmd = [
+        sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"),
+        "--target-model-path", model, "--train-data-path", str(data),
+        "--output-dir", str(tmp_path / "out"), "--layer-ids", "0", "2", "5", "7",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+    assert f"saved {len(samples)} files" in proc.stdout
+    for i, sample in enumerate(samples):
+        saved = torch.load(tmp_path / "out" / f"data_{i}.pt")
+        n = min(len(sample["input_ids"]), 2047)
+        assert saved["input_ids"].tolist() == sample["input_ids"][:n]
+        assert [tuple(h.shape) for h in saved["hidden_states"]] == [(n, 128)] * 4
+        assert saved["loss_mask"].tolist() == sample["loss_mask"][:n]
+    ref = tiny.hf_reference(model, samples[3]["input_ids"], [0, 2, 5, 7])
+    saved = torch.load(tmp_path / "out" / "data_3.pt")
+    assert max((a - b).abs().max().item() for a, b in zip(saved["hidden_states"], ref)) <= 1e-4

@@ -1,0 +1,88 @@
+"""report -- one log line per ``generate()``, one when the executor shuts down.
+
+Not a vLLM delta: the run's own account, so that a clean end is not read as a crash.
+vLLM's workers log "Parent process exited, terminating worker" and "WorkerProc shutting
+down" from every rank when the generator goes away; before those lines this patch logs
+whether the executor shut down cleanly (or what failed).
+
+How: ``VllmHiddenStatesGenerator.generate`` is wrapped to log, at INFO on the
+``speculators_compat`` logger, the sequences, tokens, layers, hidden size, dtype and
+seconds of each call; ``__del__`` is wrapped to shut the executor down itself and log the
+outcome (the stock ``__del__`` swallows any error into a vague warning).
+``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
+
+Covers: speculators 0.3.x and 0.4.x on vLLM 0.12.0 - 0.16.x.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from speculators_compat.registry import Patch, Probe
+
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016
+
+log = logging.getLogger("speculators_compat")
+
+
+def probe(module) -> Probe:
+    return Probe.new("report around VllmHiddenStatesGenerator.generate/__del__")
+
+
+def _generate(wrapped, instance, args, kwargs):
+    start = time.perf_counter()
+    results = wrapped(*args, **kwargs)
+    seconds = time.perf_counter() - start
+    if results:
+        states = results[0]["hidden_states"]
+        log.info(
+            "generate(): %d sequences, %d tokens, layers %s, hidden %d, %s, %.2f s",
+            len(results),
+            sum(len(r["input_ids"]) for r in results),
+            sorted(set(instance.layer_ids)),
+            states[0].shape[-1] if states else 0,
+            str(states[0].dtype).replace("torch.", "") if states else "-",
+            seconds,
+        )
+    return results
+
+
+def shutdown(generator) -> None:
+    executor = generator.__dict__.pop("executor", None)
+    if executor is None:
+        return
+    try:
+        executor.shutdown()
+    except Exception as exc:  # report, never raise from a finalizer
+        log.error("executor shutdown failed: %s: %s", type(exc).__name__, exc)
+    else:
+        log.info(
+            "executor shut down cleanly; the workers' 'Parent process exited, terminating "
+            "worker' lines that may follow are expected"
+        )
+
+
+def _del(wrapped, instance, args, kwargs):
+    shutdown(instance)
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+    patcher.wrap(module.VllmHiddenStatesGenerator, "__del__", _del)
+
+
+PATCH = Patch(
+    id="report",
+    title="end-of-call and end-of-run log lines",
+    delta="a clean shutdown looks like a crash in vLLM's worker logs -> one clear line",
+    api="VllmHiddenStatesGenerator.generate/__del__",
+    side="driver",
+    target=GENERATOR,
+    vllm=VALIDATED_016,
+    speculators=SPECULATORS_ALL,
+    probe=probe,
+    apply=apply,
+    kind="feature",
+    remove_when="never: this is the library's own report",
+)
