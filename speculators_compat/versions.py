@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from importlib import metadata
+from typing import TYPE_CHECKING
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+if TYPE_CHECKING:  # packaging and importlib.metadata load on first use: import stays light
+    from packaging.version import Version
 
 __all__ = ["Installed", "installed", "vllm", "speculators", "in_range", "below_range", "clear_cache"]
 
@@ -33,6 +33,8 @@ class Installed:
 
     @property
     def base(self) -> Version:
+        from packaging.version import Version
+
         return Version(self.version.base_version)
 
     @property
@@ -50,7 +52,19 @@ class Installed:
         return f"{self.distribution} {self.version}"
 
 
+def __getattr__(name: str):
+    if name == "Version":
+        from packaging.version import Version
+
+        return Version
+    raise AttributeError(name)
+
+
 def _read(dist: str) -> Installed | None:
+    from importlib import metadata
+
+    from packaging.version import InvalidVersion, Version
+
     try:
         raw = metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -89,6 +103,8 @@ def speculators() -> Installed | None:
 
 def in_range(inst: Installed | None, spec: str) -> bool:
     """True when the base release of ``inst`` lies in ``spec`` (pre-releases allowed)."""
+    from packaging.specifiers import SpecifierSet
+
     if inst is None:
         return False
     if not spec:
@@ -98,6 +114,8 @@ def in_range(inst: Installed | None, spec: str) -> bool:
 
 def below_range(inst: Installed | None, spec: str) -> bool:
     """True when the base release of ``inst`` is below a lower bound of ``spec``."""
+    from packaging.specifiers import SpecifierSet
+
     if inst is None or not spec:
         return False
     return any(

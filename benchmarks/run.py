@@ -1,0 +1,162 @@
+"""Benchmarks: what the shim costs. Ratios against baselines run in the same command.
+
+    python benchmarks/run.py [--repeats 5] [--out benchmarks/results/latest.json]
+
+(or ``tox -e bench``). Builds a random-weight Llama big enough that the forward dominates on
+a CPU (hidden 512, 8 layers), then, alternating A/B runs and reporting medians:
+
+1. extraction throughput (tokens/s) of the stock generator with the shim, against vLLM's own
+   prefill ``LLM.generate(prompts, SamplingParams(max_tokens=1))`` on the same prompts;
+2. the same against HF transformers ``output_hidden_states=True`` (one sequence at a time);
+3. the shim's own work per ``generate()``: input validation and the output guard, timed on
+   the real inputs and results, as a share of the call;
+4. ``import speculators_compat`` added import time (torch/vLLM not imported) and
+   ``python -m speculators_compat.check`` wall time against ``python -c "import vllm"``;
+5. driver and worker resident memory after 1 and after 100 ``generate()`` calls.
+
+Nothing here asserts a time: the figures go to the JSON file and the README table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def wall(cmd: list[str], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, cwd=tempfile.gettempdir())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sequences", type=int, default=32)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "latest.json"))
+    args = ap.parse_args()
+
+    from speculators_compat import tiny
+
+    tiny.cpu_environment()
+    os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", "float32")
+    import speculators_compat
+    import torch
+
+    out: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "repeats": args.repeats,
+    }
+    py = sys.executable
+    out["import"] = {
+        "python_baseline_s": wall([py, "-c", "pass"], args.repeats * 2),
+        "import_speculators_compat_s": wall([py, "-c", "import speculators_compat"], args.repeats * 2),
+        "import_vllm_s": wall([py, "-c", "import vllm"], 3),
+        "check_s": wall([py, "-m", "speculators_compat.check"], 3),
+    }
+    imp = out["import"]
+    imp["added_import_ms"] = round(1000 * (imp["import_speculators_compat_s"] - imp["python_baseline_s"]), 1)
+    imp["check_over_import_vllm"] = round(imp["check_s"] / imp["import_vllm_s"], 3)
+
+    tmp = tempfile.mkdtemp(prefix="speculators-compat-bench-")
+    path = str(tiny.build_llama(tmp, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
+                                intermediate_size=1536, vocab_size=2048))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 2000) for _ in range(rng.randint(200, 500))] for _ in range(args.sequences)]
+    n_tokens = sum(map(len, prompts))
+    layers = [2, 4, 5, 7]
+
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+    from speculators_compat.patches import guard_input, guard_output
+
+    gen = VllmHiddenStatesGenerator(path, layer_ids=layers, max_model_len=1024)
+    gen.generate(prompts[:2])  # warm-up
+
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(model=path, dtype="float32", max_model_len=1024, enforce_eager=True,
+              enable_prefix_caching=False, max_num_seqs=32, gpu_memory_utilization=0.5)
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    llm_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    llm.generate(llm_prompts[:2], sp, use_tqdm=False)
+
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+    shim_s, vllm_s, hf_s, guard_s = [], [], [], []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        results = gen.generate(prompts)
+        shim_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        llm.generate(llm_prompts, sp, use_tqdm=False)
+        vllm_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        with torch.no_grad():
+            for p in prompts:
+                hf(torch.tensor([p]), output_hidden_states=True)
+        hf_s.append(time.perf_counter() - t)
+        config = gen.vllm_config.model_config
+        t = time.perf_counter()
+        ids = guard_input.normalize(prompts, config.get_vocab_size(), config.max_model_len - 1)
+        guard_output.check(gen, ids, results)
+        guard_s.append(time.perf_counter() - t)
+
+    med = statistics.median
+    out["throughput"] = {
+        "tokens_per_call": n_tokens,
+        "sequences": len(prompts),
+        "shim_tokens_per_s": round(n_tokens / med(shim_s), 1),
+        "vllm_prefill_tokens_per_s": round(n_tokens / med(vllm_s), 1),
+        "hf_tokens_per_s": round(n_tokens / med(hf_s), 1),
+        "shim_over_vllm_prefill": round(med(vllm_s) / med(shim_s), 3),
+        "shim_over_hf": round(med(hf_s) / med(shim_s), 3),
+        "raw_seconds": {"shim": shim_s, "vllm_prefill": vllm_s, "hf": hf_s},
+    }
+    out["shim_own_work"] = {
+        "guard_and_validation_ms": round(1000 * med(guard_s), 2),
+        "share_of_generate": round(med(guard_s) / med(shim_s), 4),
+    }
+    del llm, hf
+
+    worker_pid = gen.executor.collective_rpc(lambda self: os.getpid())[0]
+    small = prompts[:4]
+    gen.generate(small)
+    mem = {"after_1": {"driver_mb": rss_mb(os.getpid()), "worker_mb": rss_mb(worker_pid)}}
+    for _ in range(99):
+        gen.generate(small)
+    mem["after_100"] = {"driver_mb": rss_mb(os.getpid()), "worker_mb": rss_mb(worker_pid)}
+    out["memory"] = mem
+    out["patches_applied"] = speculators_compat.applied_ids()
+    del gen
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(json.dumps({k: v for k, v in out.items() if k != "throughput"} | {
+        "throughput": {k: v for k, v in out["throughput"].items() if k != "raw_seconds"}}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
