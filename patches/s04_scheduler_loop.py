@@ -26,7 +26,7 @@ import wrapt
 from speculators_compat.registry import Patch, Probe
 
 from ._common import GENERATOR, SPECULATORS_04, VALIDATED_016, source_of
-from .v5_two_phase_execution import PENDING, flush_finished
+from .v5_two_phase_execution import flush_finished, remember_idle
 
 
 def probe(module) -> Probe:
@@ -49,10 +49,7 @@ def _free_prefilled(wrapped, instance, args, kwargs):
     ]
     if done:
         scheduler.finish_requests(done, RequestStatus.FINISHED_ABORTED)
-    out = wrapped(*args, **kwargs)
-    if out.total_num_scheduled_tokens == 0 and out.finished_req_ids:
-        setattr(scheduler, PENDING, out)  # the loop stops here: send it afterwards
-    return out
+    return remember_idle(scheduler, wrapped(*args, **kwargs))
 
 
 def _scheduler(wrapped, instance, args, kwargs):

@@ -59,11 +59,15 @@ def _executor(wrapped, instance, args, kwargs):
     return TwoPhaseExecutor(wrapped(*args, **kwargs))
 
 
-def _remember_idle(wrapped, instance, args, kwargs):
-    out = wrapped(*args, **kwargs)
+def remember_idle(scheduler, out):
+    """Keep an output with no tokens but finished request ids: the loop stops on it unsent."""
     if out.total_num_scheduled_tokens == 0 and out.finished_req_ids:
-        setattr(wrapped.__self__, PENDING, out)
+        setattr(scheduler, PENDING, out)
     return out
+
+
+def _remember_idle(wrapped, instance, args, kwargs):
+    return remember_idle(wrapped.__self__, wrapped(*args, **kwargs))
 
 
 def _scheduler(wrapped, instance, args, kwargs):
