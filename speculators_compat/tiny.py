@@ -153,7 +153,6 @@ def hf_reference(path: str | Path, token_ids: list[int], layer_ids: list[int]) -
     it is taken from a forward hook on the last decoder layer instead.
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
     model = _hf_model(str(path))
     last = {}
