@@ -5,6 +5,12 @@ when the target is imported, or at once if it already is, so ``import speculator
 may come before or after speculators and vLLM. Applying is idempotent (a patch applied
 once is never applied again) and reversible (``revert()``). Nothing here imports torch or
 vLLM: the patches import what they need when their target is imported.
+
+Registration is deferred: until the package that holds every target (``speculators``) is
+imported, ``install()`` only puts a small finder on ``sys.meta_path`` that never finds
+anything; on the first import of ``speculators`` it loads the registry and wrapt and
+registers the real hooks, before any target module can load. ``import speculators_compat``
+therefore costs neither wrapt nor the patch modules (issue #7).
 """
 
 from __future__ import annotations
@@ -14,10 +20,9 @@ import sys
 import threading
 from types import ModuleType
 
-import wrapt
-
 from .errors import IncompatibleVllmError
-from .registry import Decision, Patch, Patcher, Status, evaluate
+from . import versions
+from .registry import DISABLE_ENV, Decision, Patch, Patcher, Status, evaluate
 
 __all__ = ["install", "apply", "revert", "status", "applied_ids"]
 
@@ -55,11 +60,47 @@ def _targets() -> list[str]:
     return seen
 
 
+#: the package every patch target lives in (checked by the unit tests): the hooks are
+#: registered when it is first imported
+TRIGGER = "speculators"
+
+
+class _DeferredHooks:
+    """A ``sys.meta_path`` finder that finds nothing: it registers the post-import hooks when
+    ``TRIGGER`` is first looked up, then stays inert (it is never removed from
+    ``sys.meta_path`` while the import system may be iterating over it)."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ARG002 (finder protocol)
+        if fullname == TRIGGER:
+            _register_hooks()
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+_deferred = _DeferredHooks()
+
+
 def install() -> None:
-    """Register the post-import hooks (once per target module and process)."""
+    """Register the post-import hooks (once per target module and process).
+
+    If ``speculators`` is not imported yet, this only arms the deferred finder (no wrapt,
+    no registry import); otherwise the hooks are registered at once.
+    """
     global _active
     with _lock:
         _active = True
+        if TRIGGER in sys.modules or _hooked:
+            _register_hooks()
+        elif _deferred not in sys.meta_path:
+            sys.meta_path.insert(0, _deferred)
+
+
+def _register_hooks() -> None:
+    import wrapt
+
+    with _lock:
         for target in _targets():
             if target not in _hooked:
                 _hooked.add(target)
@@ -93,7 +134,22 @@ def apply_module(module: ModuleType) -> list[Decision]:
                 patcher = Patcher()
                 try:
                     patch.apply(module, patcher)
-                except Exception:
+                except (AttributeError, TypeError, ValueError, ImportError) as exc:
+                    # the target is not what the probe let us believe: refuse, never half-patch
+                    patcher.undo()
+                    decision = Decision(
+                        patch,
+                        Status.REFUSED,
+                        f"[{patch.id}] {patch.api or patch.delta}: applying failed "
+                        f"({type(exc).__name__}: {exc}); installed: {versions.vllm()}. Report this "
+                        f"to speculators_compat; {DISABLE_ENV}={patch.id} runs the stock code "
+                        f"unpatched at your own risk.",
+                    )
+                    _decisions[patch.id] = decision
+                    out[-1] = decision
+                    log.error("%s", decision.reason)
+                    continue
+                except BaseException:
                     patcher.undo()
                     raise
                 _applied[patch.id] = patcher
@@ -119,13 +175,17 @@ def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[D
         raise IncompatibleVllmError(message)
 
     patcher = Patcher()
-    patcher.wrap(getattr(module, cls_name), method, refuse)
+    owner = getattr(module, cls_name, None)
+    if owner is not None and hasattr(owner, method):
+        patcher.wrap(owner, method, refuse)
     return patcher
 
 
 def apply() -> list[Decision]:
     """Install the hooks and apply to every target already imported."""
-    install()
+    global _active
+    _active = True
+    _register_hooks()
     out: list[Decision] = []
     for target in _targets():
         module = sys.modules.get(target)

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
-import wrapt
-
 from . import versions
 
 __all__ = [
@@ -208,6 +206,8 @@ class Patcher:
 
     def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
         """Replace ``owner.name`` by a ``wrapt.FunctionWrapper`` around it."""
+        import wrapt
+
         own = name in vars(owner)
         original = vars(owner)[name] if own else getattr(owner, name)
         setattr(owner, name, wrapt.FunctionWrapper(original, wrapper))

@@ -7,6 +7,7 @@ machinery only, never whether a patch works (the end-to-end tests do that on rea
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -195,9 +196,43 @@ def test_refused_patch_stops_the_entry_point(fake_registry, at_versions):
 
 
 def test_import_is_light(tmp_path):
-    code = "import sys, speculators_compat; print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    heavy = ('torch', 'vllm', 'transformers', 'wrapt', 'speculators_compat.patches')
+    code = f"import sys, speculators_compat; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert out.strip() == "[]"
+
+
+def test_every_target_is_inside_the_trigger_package():
+    from speculators_compat.patches import REGISTRY
+
+    assert all(p.target.startswith(hooks.TRIGGER + ".") for p in REGISTRY)
+
+
+def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path):
+    # A stand-in ``speculators`` package (not installed in this env) with the generator module
+    # at its real path: the hooks must register when it is imported, not before.
+    from speculators_compat.patches import GENERATOR
+
+    parts = GENERATOR.split(".")
+    folder = tmp_path.joinpath(*parts[:-1])
+    folder.mkdir(parents=True)
+    for i in range(1, len(parts)):
+        tmp_path.joinpath(*parts[:i], "__init__.py").write_text("")
+    folder.joinpath(parts[-1] + ".py").write_text("class VllmHiddenStatesGenerator:\n    pass\n")
+    code = (
+        "import sys, speculators_compat\n"
+        "from speculators_compat import hooks\n"
+        "before = 'wrapt' in sys.modules, sorted(hooks._hooked)\n"
+        f"import {GENERATOR}\n"
+        "after = 'wrapt' in sys.modules, sorted(hooks._hooked)\n"
+        "print(before, after, sorted({d.status.value for d in speculators_compat.status() if d.patch.side == 'driver'}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path, env=env)
+    last = out.stdout.strip().splitlines()[-1]  # vLLM, if installed, logs to stdout before
+    assert last.startswith("(False, []) (True, [")  # no wrapt, no hook until the import
+    assert GENERATOR in last
+    assert "pending" not in last  # every driver patch was evaluated against the import
 
 
 def test_every_registered_patch_is_documented():
