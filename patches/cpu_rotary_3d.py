@@ -17,7 +17,7 @@ Detection: vLLM's current platform is the CPU and ``RotaryEmbedding.forward_cpu`
 needed. Applied in the worker processes only (they run the model), and only where the
 speculators worker extension is imported.
 
-Covers: the vLLM CPU platform, vLLM 0.12.0 - 0.16.x.
+Covers: the vLLM CPU platform, vLLM 0.11.1 - 0.16.x (the kernel path exists from 0.14).
 Remove when vLLM's CPU rotary kernel handles 3-D queries (or the non-MLA DeepSeek path
 flattens them).
 """
@@ -28,7 +28,7 @@ import inspect
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import SPECULATORS_ALL, VALIDATED_016, WORKER
+from ._common import ROTARY, SPECULATORS_ALL, VALIDATED_RANGE, WORKER
 
 
 def _rotary():
@@ -42,7 +42,19 @@ def probe(module) -> Probe:
 
     if not current_platform.is_cpu():
         return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    source = inspect.getsource(_rotary().forward_cpu)
+    return _judge(inspect.getsource(_rotary().forward_cpu))
+
+
+def static_probe(view) -> Probe:
+    if not view.cpu:
+        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    source = view.vllm.source(ROTARY, "RotaryEmbedding", "forward_cpu")
+    if not source:
+        raise LookupError(f"cannot read {ROTARY}.RotaryEmbedding.forward_cpu from the installed sources")
+    return _judge(source)
+
+
+def _judge(source: str) -> Probe:
     if "ops.rotary_embedding" in source:
         return Probe.new("CPU platform; RotaryEmbedding.forward_cpu calls the ops.rotary_embedding kernel")
     return Probe.old("RotaryEmbedding.forward_cpu does not call the ops.rotary_embedding kernel")
@@ -67,9 +79,10 @@ PATCH = Patch(
     api="vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.forward_cpu",
     side="worker",
     target=WORKER,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_ALL,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="platform",
     upstream="vLLM CPU backend (not fixed as of 0.16)",

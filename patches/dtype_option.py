@@ -11,7 +11,8 @@ in the generator module is wrapped to pass that dtype; with neither set, nothing
 
 Detection: ``ModelConfig`` takes ``dtype``.
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x and 0.4.x.
+Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x and 0.4.x (off on 0.11.0, where
+speculators 0.3.0 runs unpatched).
 Remove when speculators exposes the dtype (0.4.x does not).
 """
 
@@ -22,16 +23,26 @@ import os
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016, params, signature_text
+from speculators_compat.sources import render
+
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, VLLM_CONFIG, params, static_params
 
 ENV = "SPECULATORS_COMPAT_DTYPE"
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
 
 
-def probe(module) -> Probe:
-    if "dtype" in params(module.ModelConfig):
+def _judge(p) -> Probe:
+    if "dtype" in p:
         return Probe.new("ModelConfig takes dtype; the generator hard-codes 'auto'")
-    return Probe.unknown(f"no dtype parameter in {signature_text(module.ModelConfig)}")
+    return Probe.unknown(f"no dtype parameter in ModelConfig{render(p)}")
+
+
+def probe(module) -> Probe:
+    return _judge(params(module.ModelConfig))
+
+
+def static_probe(view) -> Probe:
+    return _judge(static_params(view, VLLM_CONFIG, "ModelConfig"))
 
 
 def _init(wrapped, instance, args, kwargs):
@@ -62,9 +73,10 @@ PATCH = Patch(
     api="vllm.config.ModelConfig(dtype=)",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_ALL,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="feature",
     upstream="not in speculators 0.3.x / 0.4.x",

@@ -14,7 +14,9 @@ Not a vLLM delta: the library's own guard around the stock generator.
   aborted, the workers are told, and the capture buffer is reset, so the next call starts
   clean; the original error is re-raised.
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.12.0 - 0.16.x.
+Detection: the generator class defines the methods it wraps (``METHODS``).
+
+Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
 """
 
 from __future__ import annotations
@@ -25,13 +27,20 @@ import numbers
 from speculators_compat.errors import InvalidInputError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_members, generator_methods
 
 log = logging.getLogger("speculators_compat")
 
 
+METHODS = ('__init__', 'generate')
+
+
 def probe(module) -> Probe:
-    return Probe.new("guard around VllmHiddenStatesGenerator.__init__/generate")
+    return generator_methods("guard", METHODS, set(vars(module.VllmHiddenStatesGenerator)))
+
+
+def static_probe(view) -> Probe:
+    return generator_methods("guard", METHODS, generator_members(view))
 
 
 def _is_int(value) -> bool:
@@ -147,9 +156,10 @@ PATCH = Patch(
     api="VllmHiddenStatesGenerator.__init__/generate",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_ALL,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="guard",
     remove_when="never: this is the library's own guard",

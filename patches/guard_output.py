@@ -8,7 +8,9 @@ them), each of shape ``[len(input_ids), hidden_size]``, on the CPU, with finite 
 A violation raises :class:`~speculators_compat.errors.CaptureContractError` naming the
 sequence and the layer.
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.12.0 - 0.16.x.
+Detection: the generator class defines the methods it wraps (``METHODS``).
+
+Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
 """
 
 from __future__ import annotations
@@ -16,11 +18,18 @@ from __future__ import annotations
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_members, generator_methods
+
+
+METHODS = ('generate',)
 
 
 def probe(module) -> Probe:
-    return Probe.new("guard around VllmHiddenStatesGenerator.generate")
+    return generator_methods("guard", METHODS, set(vars(module.VllmHiddenStatesGenerator)))
+
+
+def static_probe(view) -> Probe:
+    return generator_methods("guard", METHODS, generator_members(view))
 
 
 def check(generator, inputs, results) -> None:
@@ -71,9 +80,10 @@ PATCH = Patch(
     api="VllmHiddenStatesGenerator.generate",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_ALL,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="guard",
     remove_when="never: this is the library's own guard",

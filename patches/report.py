@@ -11,7 +11,9 @@ seconds of each call; ``__del__`` is wrapped to shut the executor down itself an
 outcome (the stock ``__del__`` swallows any error into a vague warning).
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.12.0 - 0.16.x.
+Detection: the generator class defines the methods it wraps (``METHODS``).
+
+Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
 """
 
 from __future__ import annotations
@@ -21,13 +23,20 @@ import time
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_016
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_members, generator_methods
 
 log = logging.getLogger("speculators_compat")
 
 
+METHODS = ('generate', '__del__')
+
+
 def probe(module) -> Probe:
-    return Probe.new("report around VllmHiddenStatesGenerator.generate/__del__")
+    return generator_methods("report", METHODS, set(vars(module.VllmHiddenStatesGenerator)))
+
+
+def static_probe(view) -> Probe:
+    return generator_methods("report", METHODS, generator_members(view))
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -79,9 +88,10 @@ PATCH = Patch(
     api="VllmHiddenStatesGenerator.generate/__del__",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_ALL,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="feature",
     remove_when="never: this is the library's own report",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_016, platform_memory
+from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, platform_memory
 
 
 def probe(module) -> Probe:
@@ -33,6 +33,14 @@ def probe(module) -> Probe:
     if current_platform.is_cpu():
         return Probe.new(f"vLLM platform {name}: speculators' mem_get_info finds no accelerator")
     return Probe.old(f"vLLM platform {name}")
+
+
+def static_probe(view) -> Probe:
+    if not view.speculators.defines(GENERATOR, "mem_get_info"):
+        return Probe.unknown("the generator module has no mem_get_info")
+    if view.cpu:
+        return Probe.new("a CPU build of vLLM: speculators' mem_get_info finds no accelerator")
+    return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
 
 
 def _mem_get_info(wrapped, instance, args, kwargs):
@@ -54,9 +62,10 @@ PATCH = Patch(
     api="speculators.utils.util.mem_get_info / vllm.platforms.current_platform",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_04,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="platform",
     upstream="not fixed in speculators 0.4.x",

@@ -22,13 +22,21 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_016, source_of
+from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_source, source_of
 
 MARK = "sorted(request_id_to_idx"
 
 
 def probe(module) -> Probe:
-    if MARK in source_of(module.VllmHiddenStatesGenerator.generate):
+    return _judge(source_of(module.VllmHiddenStatesGenerator.generate))
+
+
+def static_probe(view) -> Probe:
+    return _judge(generate_source(view))
+
+
+def _judge(source: str) -> Probe:
+    if MARK in source:
         return Probe.new(f"generate() builds results from {MARK}...)")
     return Probe.old(f"generate() has no {MARK}...)")
 
@@ -57,9 +65,10 @@ PATCH = Patch(
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x)",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_04,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="fix",
     upstream="not fixed in speculators 0.4.0.1",

@@ -25,12 +25,19 @@ import wrapt
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_016, source_of
+from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_source, source_of
 from .v5_two_phase_execution import flush_finished, remember_idle
 
 
 def probe(module) -> Probe:
-    src = source_of(module.VllmHiddenStatesGenerator.generate)
+    return _judge(source_of(module.VllmHiddenStatesGenerator.generate))
+
+
+def static_probe(view) -> Probe:
+    return _judge(generate_source(view))
+
+
+def _judge(src: str) -> Probe:
     if "update_from_output" in src:
         return Probe.old("generate() calls scheduler.update_from_output")
     if "all_prefill_complete" in src:
@@ -79,9 +86,10 @@ PATCH = Patch(
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x) / vllm Scheduler.schedule",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_04,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="fix",
     upstream="not fixed in speculators 0.4.0.1",

@@ -11,10 +11,10 @@ How: the ``SchedulerConfig`` name in the generator module is wrapped to pass
 prompt always fits, since ``max_num_batched_tokens >= max_model_len``), so aborting after
 the step loses nothing; the remaining prompts run in the next steps, in order.
 
-Detection: ``SchedulerConfig`` takes ``enable_chunked_prefill`` (otherwise refused).
+Detection: ``SchedulerConfig(enable_chunked_prefill=)`` defaults to ``True`` (0.11.0: ``None``,
+i.e. off: delta absent; no such parameter: refused).
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x (on older releases the stock
-behaviour is kept, see the version-matrix issue).
+Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x.
 Remove when speculators 0.3.x is no longer supported.
 """
 
@@ -22,16 +22,27 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, signature_text
+from speculators_compat.sources import render
+
+from ._common import GENERATOR, SPECULATORS_03, VALIDATED_RANGE, VLLM_CONFIG, params, static_params
+
+
+def _judge(p) -> Probe:
+    if "enable_chunked_prefill" not in p:
+        return Probe.unknown(f"no enable_chunked_prefill parameter in SchedulerConfig{render(p)}")
+    default = p["enable_chunked_prefill"].default
+    text = f"SchedulerConfig(enable_chunked_prefill=) defaults to {default!r}"
+    if default is True:
+        return Probe.new(text)
+    return Probe.old(text + " (chunked prefill off unless asked for)")
 
 
 def probe(module) -> Probe:
-    p = params(module.SchedulerConfig)
-    if "enable_chunked_prefill" not in p:
-        return Probe.unknown(
-            f"no enable_chunked_prefill parameter in {signature_text(module.SchedulerConfig)}"
-        )
-    return Probe.new(f"SchedulerConfig(enable_chunked_prefill=) defaults to {p['enable_chunked_prefill'].default!r}")
+    return _judge(params(module.SchedulerConfig))
+
+
+def static_probe(view) -> Probe:
+    return _judge(static_params(view, VLLM_CONFIG, "SchedulerConfig"))
 
 
 def _scheduler_config(wrapped, instance, args, kwargs):
@@ -50,9 +61,10 @@ PATCH = Patch(
     api="vllm.config.SchedulerConfig(enable_chunked_prefill=)",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     kind="fix",
     upstream="not fixed in speculators 0.3.x",

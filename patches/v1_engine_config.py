@@ -14,7 +14,7 @@ extracts from decoder-only models), the second drops ``kv_cache_specs``.
 Detection: signature probes on both callables as the generator module sees them; each
 half applies only where its own delta is present.
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x (absent in 0.11.x: probed as old).
 Upstream: fixed in speculators 0.4.0 (vllm-project/speculators, generator rewritten for
 vLLM 0.12+). Remove when speculators 0.3.x support is dropped.
 """
@@ -23,12 +23,21 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, required, signature_text
+from speculators_compat.sources import render
+
+from ._common import (
+    GENERATOR,
+    KV_CACHE_UTILS,
+    SPECULATORS_03,
+    VALIDATED_RANGE,
+    VLLM_CONFIG,
+    params,
+    required,
+    static_params,
+)
 
 
-def _parts(module):
-    sched = params(module.SchedulerConfig)
-    kv = params(module.get_kv_cache_config_from_groups)
+def _parts(sched, kv):
     parts = {}
     if "is_encoder_decoder" in sched and required(sched["is_encoder_decoder"]):
         parts["scheduler_config"] = "new"
@@ -43,17 +52,28 @@ def _parts(module):
     return parts
 
 
-def probe(module) -> Probe:
-    parts = _parts(module)
+def _judge(sched, kv) -> Probe:
+    parts = _parts(sched, kv)
     if "unknown" in parts.values():
         return Probe.unknown(
             "expected get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, "
-            f"[kv_cache_specs,] available_memory), found {signature_text(module.get_kv_cache_config_from_groups)}"
+            f"[kv_cache_specs,] available_memory), found get_kv_cache_config_from_groups{render(kv)}"
         )
     text = ", ".join(f"{k}: {v}" for k, v in parts.items())
     if all(v == "old" for v in parts.values()):
         return Probe.old(text)
     return Probe.new(text)
+
+
+def probe(module) -> Probe:
+    return _judge(params(module.SchedulerConfig), params(module.get_kv_cache_config_from_groups))
+
+
+def static_probe(view) -> Probe:
+    return _judge(
+        static_params(view, VLLM_CONFIG, "SchedulerConfig"),
+        static_params(view, KV_CACHE_UTILS, "get_kv_cache_config_from_groups"),
+    )
 
 
 def _scheduler_config(wrapped, instance, args, kwargs):
@@ -67,7 +87,7 @@ def _kv_cache_config(wrapped, instance, args, kwargs):
 
 
 def apply(module, patcher) -> None:
-    parts = _parts(module)
+    parts = _parts(params(module.SchedulerConfig), params(module.get_kv_cache_config_from_groups))
     if parts["scheduler_config"] == "new":
         patcher.wrap(module, "SchedulerConfig", _scheduler_config)
     if parts["kv_cache_config"] == "new":
@@ -82,9 +102,10 @@ PATCH = Patch(
     api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     upstream="speculators 0.4.0 builds its configs for vLLM 0.12+",
     remove_when="speculators 0.3.x is no longer supported",

@@ -14,7 +14,7 @@ How: the ``CacheConfig`` name in the generator module is wrapped to pass
 Detection: the default of ``CacheConfig(enable_prefix_caching=)``: ``True`` -> applies,
 ``None``/``False`` -> not needed, parameter missing -> refused.
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x (0.11.x defaults to None: probed as old).
 Remove when speculators 0.3.x is no longer supported (0.4.0 sets it itself).
 """
 
@@ -22,17 +22,26 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, signature_text
+from speculators_compat.sources import render
+
+from ._common import GENERATOR, SPECULATORS_03, VALIDATED_RANGE, VLLM_CONFIG, params, static_params
 
 
-def probe(module) -> Probe:
-    p = params(module.CacheConfig)
+def _judge(p) -> Probe:
     if "enable_prefix_caching" not in p:
-        return Probe.unknown(f"no enable_prefix_caching parameter in {signature_text(module.CacheConfig)}")
+        return Probe.unknown(f"no enable_prefix_caching parameter in CacheConfig{render(p)}")
     default = p["enable_prefix_caching"].default
     if default is True:
         return Probe.new("CacheConfig.enable_prefix_caching defaults to True")
     return Probe.old(f"CacheConfig.enable_prefix_caching defaults to {default!r}")
+
+
+def probe(module) -> Probe:
+    return _judge(params(module.CacheConfig))
+
+
+def static_probe(view) -> Probe:
+    return _judge(static_params(view, VLLM_CONFIG, "CacheConfig"))
 
 
 def _cache_config(wrapped, instance, args, kwargs):
@@ -51,9 +60,10 @@ PATCH = Patch(
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     upstream="speculators 0.4.0 disables prefix caching in its CacheConfig",
     remove_when="speculators 0.3.x is no longer supported",

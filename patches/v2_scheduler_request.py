@@ -16,17 +16,28 @@ prefill context-parallel sizes.
 Detection: ``block_size`` is a required parameter of ``Scheduler`` (new) or absent (old);
 the stock ``Request`` keyword arguments must bind.
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x.
 Remove when speculators 0.3.x is no longer supported (0.4.0 passes ``block_size``).
 """
 
 from __future__ import annotations
 
-import inspect
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, required, signature_text
+from speculators_compat.sources import render
+
+from ._common import (
+    GENERATOR,
+    REQUEST,
+    SCHEDULER,
+    SPECULATORS_03,
+    VALIDATED_RANGE,
+    binds,
+    params,
+    required,
+    static_params,
+)
 
 STOCK_REQUEST_KWARGS = (
     "request_id",
@@ -38,20 +49,23 @@ STOCK_REQUEST_KWARGS = (
 )
 
 
-def probe(module) -> Probe:
-    sig = inspect.signature(module.Request)
-    try:
-        sig.bind(**{name: None for name in STOCK_REQUEST_KWARGS})
-    except TypeError as exc:
-        return Probe.unknown(
-            f"the stock Request(...) call does not bind ({exc}); found {signature_text(module.Request)}"
-        )
-    sched = params(module.Scheduler)
+def _judge(request, sched) -> Probe:
+    why = binds(request, STOCK_REQUEST_KWARGS)
+    if why:
+        return Probe.unknown(f"the stock Request(...) call does not bind ({why}); found vllm.v1.request.Request{render(request)}")
     if "block_size" in sched and required(sched["block_size"]):
         return Probe.new("Scheduler requires block_size; stock Request arguments bind")
     if "block_size" not in sched:
         return Probe.old("Scheduler takes no block_size; stock Request arguments bind")
-    return Probe.unknown(f"unexpected Scheduler signature {signature_text(module.Scheduler)}")
+    return Probe.unknown(f"unexpected Scheduler signature Scheduler{render(sched)}")
+
+
+def probe(module) -> Probe:
+    return _judge(params(module.Request), params(module.Scheduler))
+
+
+def static_probe(view) -> Probe:
+    return _judge(static_params(view, REQUEST, "Request"), static_params(view, SCHEDULER, "Scheduler"))
 
 
 def _scheduler(wrapped, instance, args, kwargs):
@@ -77,9 +91,10 @@ PATCH = Patch(
     api="vllm.v1.core.sched.scheduler.Scheduler / vllm.v1.request.Request",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     upstream="speculators 0.4.0 passes block_size",
     remove_when="speculators 0.3.x is no longer supported",

@@ -21,7 +21,7 @@ configured by the stock generator) is refused with a clear error.
 Detection: vLLM's reference dense base model ``LlamaModel`` has ``embed_input_ids`` and no
 ``get_input_embeddings`` (new), or still has ``get_input_embeddings`` (old).
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x, in every worker process (reached
+Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x, in every worker process (reached
 through the ``vllm.general_plugins`` entry point, see ``speculators_compat.plugin``).
 Remove when speculators 0.3.x is no longer supported.
 """
@@ -34,7 +34,7 @@ import logging
 from speculators_compat.errors import IncompatibleVllmError, InvalidInputError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import SPECULATORS_03, VALIDATED_016, WORKER
+from ._common import LLAMA, SPECULATORS_03, VALIDATED_RANGE, WORKER
 
 log = logging.getLogger("speculators_compat")
 
@@ -45,7 +45,16 @@ BASE_MODEL_PATHS = ("model", "language_model.model", "language_model")
 def probe(module) -> Probe:
     from vllm.model_executor.models.llama import LlamaModel
 
-    names = set(dir(LlamaModel))
+    return _judge(set(dir(LlamaModel)))
+
+
+def static_probe(view) -> Probe:
+    if not view.vllm.mro(LLAMA, "LlamaModel"):
+        raise LookupError(f"cannot read {LLAMA}.LlamaModel from the installed sources")
+    return _judge(view.vllm.members(LLAMA, "LlamaModel"))
+
+
+def _judge(names) -> Probe:
     if "embed_input_ids" in names and "get_input_embeddings" not in names:
         return Probe.new("LlamaModel has embed_input_ids, not get_input_embeddings")
     if "get_input_embeddings" in names:
@@ -137,9 +146,10 @@ PATCH = Patch(
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
     side="worker",
     target=WORKER,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     upstream="speculators 0.4.0 calls embed_input_ids (still replaces the forward)",
     remove_when="speculators 0.3.x is no longer supported",

@@ -17,7 +17,7 @@ Detection: the ``collective_rpc`` docstring states the single-result contract (0
 ``unique_reply_rank`` without it is the old list contract; no ``unique_reply_rank`` is
 refused.
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x.
 Remove when speculators 0.3.x is no longer supported (0.4.0 drops the ``[0]``).
 """
 
@@ -28,19 +28,32 @@ import wrapt
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params, signature_text
+from speculators_compat.sources import render
+
+from ._common import EXECUTOR, GENERATOR, SPECULATORS_03, VALIDATED_RANGE, params, static_params
 
 CONTRACT = "Returns single result if unique_reply_rank"
 
 
-def probe(module) -> Probe:
-    rpc = module.MultiprocExecutor.collective_rpc
-    if "unique_reply_rank" not in params(rpc):
-        return Probe.unknown(f"no unique_reply_rank in {signature_text(rpc)}")
-    doc = " ".join((rpc.__doc__ or "").split())
+def _judge(p, doc) -> Probe:
+    if "unique_reply_rank" not in p:
+        return Probe.unknown(f"no unique_reply_rank in MultiprocExecutor.collective_rpc{render(p)}")
+    doc = " ".join((doc or "").split())
     if CONTRACT in doc:
         return Probe.new(f"collective_rpc docstring: {CONTRACT!r}")
     return Probe.old("collective_rpc takes unique_reply_rank and documents no single-result contract")
+
+
+def probe(module) -> Probe:
+    rpc = module.MultiprocExecutor.collective_rpc
+    return _judge(params(rpc), rpc.__doc__)
+
+
+def static_probe(view) -> Probe:
+    return _judge(
+        static_params(view, EXECUTOR, "MultiprocExecutor", "collective_rpc"),
+        view.vllm.docstring(EXECUTOR, "MultiprocExecutor", "collective_rpc"),
+    )
 
 
 class ReplyListExecutor(wrapt.ObjectProxy):
@@ -80,9 +93,10 @@ PATCH = Patch(
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.collective_rpc",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     upstream="speculators 0.4.0 uses the single reply",
     remove_when="speculators 0.3.x is no longer supported",

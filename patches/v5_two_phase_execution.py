@@ -23,7 +23,7 @@ field exists.
 
 Detection: ``MultiprocExecutor.sample_tokens`` exists (new) or not (old).
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x.
+Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x.
 Remove when speculators 0.3.x is no longer supported.
 """
 
@@ -33,16 +33,25 @@ import wrapt
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_016, params
+from ._common import EXECUTOR, GENERATOR, SPECULATORS_03, VALIDATED_RANGE, params
 
 PENDING = "_speculators_compat_idle_output"
 
 
-def probe(module) -> Probe:
-    executor = module.MultiprocExecutor
-    if hasattr(executor, "sample_tokens"):
+def _judge(has_sample_tokens: bool) -> Probe:
+    if has_sample_tokens:
         return Probe.new("MultiprocExecutor.sample_tokens exists")
     return Probe.old("MultiprocExecutor has no sample_tokens")
+
+
+def probe(module) -> Probe:
+    return _judge(hasattr(module.MultiprocExecutor, "sample_tokens"))
+
+
+def static_probe(view) -> Probe:
+    if not view.vllm.mro(EXECUTOR, "MultiprocExecutor"):
+        raise LookupError(f"cannot read {EXECUTOR}.MultiprocExecutor from the installed sources")
+    return _judge("sample_tokens" in view.vllm.members(EXECUTOR, "MultiprocExecutor"))
 
 
 class TwoPhaseExecutor(wrapt.ObjectProxy):
@@ -111,9 +120,10 @@ PATCH = Patch(
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens",
     side="driver",
     target=GENERATOR,
-    vllm=VALIDATED_016,
+    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
+    static_probe=static_probe,
     apply=apply,
     upstream="speculators 0.4.0 calls sample_tokens (but still never calls update_from_output)",
     remove_when="speculators 0.3.x is no longer supported",

@@ -4,18 +4,30 @@ Prints the installed Python, torch, vLLM and speculators versions, then every pa
 its status (applies / not needed / refused / disabled), grouped by the side it runs on
 (driver: the generator process; worker: every vLLM worker), and the evidence.
 
-To evaluate the feature probes, the check imports the speculators modules the patches
-target (and thereby vLLM): a few seconds.
+By default nothing is imported: versions come from package metadata, and every patch's
+static probe reads the installed vLLM and speculators sources (well under a second, no
+GPU needed, torch and vLLM untouched). Then every vLLM API the stock code uses is listed
+with its shape: known (recorded on a validated release), compatible (only optional
+parameters added) or unknown (expected vs found signature). ``--deep`` imports the target
+modules (and thereby vLLM, 10-30 s) and runs the runtime probes instead, as the generator's
+preflight does.
 
-Exit codes: 0 -- covered (no patch refused); 1 -- not covered (at least one refusal, or
-speculators/vLLM missing); 2 -- the check itself failed.
+Exit codes: 0 -- covered (no patch refused, no API of unknown shape); 1 -- not covered (a
+refusal, or speculators/vLLM missing); 2 -- the check itself failed.
 
-``--json`` prints one object::
+``--json`` prints one object (schema version 2)::
 
-    {"python": str, "torch": str|null, "vllm": {"distribution", "version", "kind"}|null,
-     "speculators": str|null, "covered": bool,
+    {"schema": 2, "mode": "static"|"deep", "python": str, "torch": str|null,
+     "vllm": {"distribution", "version", "kind", "cpu_build"}|null, "speculators": str|null,
+     "covered": bool,
      "patches": [{"id", "title", "side", "kind", "delta", "target", "vllm_validated",
-                  "speculators", "status", "reason"}]}
+                  "speculators", "status", "reason"}],
+     "apis": [{"api", "found", "status", "releases", "expected", "difference" (unknown only)}]}
+
+``status`` of a patch: "applies", "not needed", "refused", "disabled" ("pending" only if a
+deep probe could not import its target). ``status`` of an API: "known", "compatible",
+"unknown"; ``releases``: the validated releases with that shape (for "compatible", those
+of the signature it extends); ``expected``: the other recorded shapes, by signature.
 """
 
 from __future__ import annotations
@@ -33,11 +45,18 @@ from .registry import Status
 __all__ = ["main", "report"]
 
 
-def report() -> dict:
-    from . import hooks
+def report(deep: bool = False) -> dict:
+    from . import hooks, inventory
+    from .registry import evaluate
+    from .sources import StaticView
 
-    hooks.install()
-    decisions = hooks.status(import_targets=True)
+    view = StaticView()
+    if deep:
+        hooks.install()
+        decisions = hooks.status(import_targets=True)
+    else:
+        decisions = [evaluate(patch, None, view) for patch in hooks._registry()]
+    apis = inventory.inventory(view) if view.vllm.found else []
     vllm = versions.vllm()
     spec = versions.speculators()
     torch = versions.installed("torch")
@@ -47,20 +66,26 @@ def report() -> dict:
         and not any(d.status in (Status.REFUSED, Status.PENDING) for d in decisions)
     )
     return {
+        "schema": 2,
+        "mode": "deep" if deep else "static",
         "python": platform.python_version(),
         "torch": str(torch.version) if torch else None,
         "vllm": (
-            {"distribution": vllm.distribution, "version": str(vllm.version), "kind": vllm.kind}
+            {"distribution": vllm.distribution, "version": str(vllm.version), "kind": vllm.kind,
+             "cpu_build": view.cpu}
             if vllm
             else None
         ),
         "speculators": str(spec.version) if spec else None,
         "covered": covered,
         "patches": [d.as_dict() for d in decisions],
+        "apis": apis,
     }
 
 
 def _text(rep: dict) -> str:
+    from . import inventory
+
     v = rep["vllm"]
     lines = [
         f"Python       {rep['python']}",
@@ -74,6 +99,22 @@ def _text(rep: dict) -> str:
         for p in rep["patches"]:
             if p["side"] == side:
                 lines.append(f"  {p['id']:<19} {p['status']:<11} {p['reason']}")
+    if rep["apis"]:
+        lines.append("")
+        lines.append(f"vLLM APIs used by the stock code ({rep['mode']} check; shapes recorded on validated releases):")
+        for a in rep["apis"]:
+            rel = a["releases"]
+            where = f"as in {rel[0]}" + (f" .. {rel[-1]}" if len(rel) > 1 else "") if rel else ""
+            line = f"  {a['status']:<10} {a['api']}"
+            if a["status"] == "known":
+                line += f"  ({where})"
+            elif a["status"] == "compatible":
+                line += f"{a['found']}  (adds optional parameters to the shape of {rel[-1]})"
+            else:
+                newest = max(a["expected"].items(), key=lambda kv: inventory._newest(kv[1]), default=None)
+                expected = f"{newest[0]}  (vLLM {newest[1][-1]})" if newest else "none recorded"
+                line += f"  -- {a['difference']}\n      found    {a['found']}\n      expected {expected}"
+            lines.append(line)
     lines.append("")
     lines.append("covered: yes" if rep["covered"] else "covered: NO")
     return "\n".join(lines)
@@ -97,11 +138,12 @@ def _stdout_to_stderr():
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="speculators-compat check", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print a JSON object instead of text")
+    ap.add_argument("--deep", action="store_true", help="import vLLM and run the runtime probes (slow)")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         with _stdout_to_stderr():
-            rep = report()
+            rep = report(deep=args.deep)
     except Exception as exc:  # the check must say what broke, not crash with a trace
         print(f"speculators_compat check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -47,6 +47,11 @@ __all__ = [
 
 DISABLE_ENV = "SPECULATORS_COMPAT_DISABLE"
 
+#: kinds that add something (a guard, an option, a log line) rather than repair a delta: below
+#: their validated range they are simply not applied; a repair whose new API shape is found
+#: below its range is refused (the delta exists, the patch was not validated there)
+OPTIONAL_KINDS = frozenset({"guard", "feature"})
+
 
 class Shape(enum.Enum):
     NEW = "new"  # the delta is present and the target has the expected new shape
@@ -127,6 +132,9 @@ class Patch:
     kind: str = "delta"
     #: the API named in a refusal
     api: str = ""
+    #: ``static_probe(view) -> Probe``: the same judgement from the installed sources
+    #: (a :class:`speculators_compat.sources.StaticView`), for the fast ``check``
+    static_probe: Callable[[Any], Probe] | None = None
 
     def __hash__(self) -> int:
         return hash(self.id)
@@ -143,8 +151,11 @@ def _is_disabled(patch: Patch) -> bool:
     return bool(ids & {"all", "*", "1", patch.id})
 
 
-def evaluate(patch: Patch, module: ModuleType | None) -> Decision:
-    """Decide whether ``patch`` applies to the installed versions and to ``module``."""
+def evaluate(patch: Patch, module: ModuleType | None, view: Any = None) -> Decision:
+    """Decide whether ``patch`` applies to the installed versions and to ``module``.
+
+    With ``view`` (a :class:`~speculators_compat.sources.StaticView`) and no module, the
+    patch's static probe reads the installed sources instead (nothing is imported)."""
     if _is_disabled(patch):
         return Decision(patch, Status.DISABLED, f"disabled by {DISABLE_ENV}")
     spec = versions.speculators()
@@ -159,21 +170,38 @@ def evaluate(patch: Patch, module: ModuleType | None) -> Decision:
     vllm = versions.vllm()
     if vllm is None:
         return Decision(patch, Status.NOT_NEEDED, "vLLM is not installed")
-    if module is None:
+    if module is None and view is None:
         return Decision(patch, Status.PENDING, f"{patch.target} not imported yet")
     try:
-        probe = patch.probe(module)
-    except (ImportError, AttributeError, TypeError, ValueError, OSError) as exc:
+        if module is not None:
+            probe = patch.probe(module)
+        elif patch.static_probe is not None:
+            probe = patch.static_probe(view)
+        else:
+            probe = Probe.unknown("no static probe for this patch: run the check with --deep")
+    except (ImportError, AttributeError, TypeError, ValueError, OSError, LookupError) as exc:
         probe = Probe.unknown(f"probe failed: {type(exc).__name__}: {exc}")
     if probe.shape is Shape.OLD:
         return Decision(patch, Status.NOT_NEEDED, f"delta absent: {probe.evidence}")
     if probe.shape is Shape.UNKNOWN:
         return Decision(patch, Status.REFUSED, _refusal(patch, vllm, probe.evidence))
     if versions.below_range(vllm, patch.vllm):
+        if patch.kind in OPTIONAL_KINDS:
+            return Decision(
+                patch,
+                Status.NOT_NEEDED,
+                f"{vllm} predates the releases this {patch.kind} is for ({patch.vllm}); probe: {probe.evidence}",
+            )
+        # the newer API shape on an older release: the delta is there, but unvalidated
         return Decision(
             patch,
-            Status.NOT_NEEDED,
-            f"{vllm} predates the releases this patch is for ({patch.vllm}); probe: {probe.evidence}",
+            Status.REFUSED,
+            _refusal(
+                patch,
+                vllm,
+                f"the API shape matches ({probe.evidence}), but {vllm} (base {vllm.base}) is "
+                f"older than the releases this patch was validated on ({patch.vllm})",
+            ),
         )
     if not versions.in_range(vllm, patch.vllm):
         return Decision(

