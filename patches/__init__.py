@@ -16,6 +16,7 @@ from . import (
     dtype_option,
     guard_input,
     guard_output,
+    offload_captured,
     report,
     s04_cpu_mem_get_info,
     s04_result_order,
@@ -47,6 +48,7 @@ REGISTRY = [
     report.PATCH,
     v3_worker_capture.PATCH,
     cpu_rotary_3d.PATCH,
+    offload_captured.PATCH,
 ]
 
 #: where a refused patch stops its target before any heavy work: (class, method)

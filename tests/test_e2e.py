@@ -221,8 +221,10 @@ def test_every_patch_is_shown_necessary():
 
     # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines
     # asserted in test_stock_generator_runs_correctly_with_the_shim
-    # api-inventory: tests/test_preflight.py (refuses vLLM 0.17.0 naming Request's lost eos_token_id)
-    shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {"cpu-rotary-3d", "report", "api-inventory"}
+    # api-inventory: tests/test_preflight.py (refuses vLLM 0.17.0 naming Request's lost eos_token_id);
+    # offload-captured: not needed on the CPU, its copy is unit-tested in tests/test_offload.py
+    shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
+        "cpu-rotary-3d", "report", "api-inventory", "offload-captured"}
     assert {p.id for p in REGISTRY} <= shown
 
 
@@ -232,6 +234,7 @@ def test_every_patch_is_shown_necessary():
 _ALL_BUT_PLATFORM = {
     "api-inventory", "v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v3", "v4", "v5", "cpu-rotary-3d", "dtype",
     "guard-output", "guard-input", "report", "s04-cpu-mem-get-info", "s04-scheduler-loop", "s04-result-order",
+    "offload-captured",
 }
 NOT_NEEDED_ON = {
     "0.11.0": _ALL_BUT_PLATFORM,
@@ -261,7 +264,7 @@ def test_check_reports_what_applies(tmp_path, mode):
     assert rep["covered"] is True
     release = str(versions.vllm().base)
     assert rep["vllm"]["version"].startswith(release)
-    skipped = NOT_NEEDED_ON.get(release, set())
+    skipped = NOT_NEEDED_ON.get(release, set()) | {"offload-captured"}  # CPU: states already in host memory
     if SPEC04:  # 0.4 fixed the API breaks itself
         skipped |= {"v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v3", "v4", "v5", "cpu-mem-get-info"}
     else:
@@ -269,7 +272,7 @@ def test_check_reports_what_applies(tmp_path, mode):
     assert {p["id"]: p["status"] for p in rep["patches"]} == {
         p.id: "not needed" if p.id in skipped else "applies" for p in REGISTRY
     }
-    assert {p["id"] for p in rep["patches"] if p["side"] == "worker"} == {"v3", "cpu-rotary-3d"}
+    assert {p["id"] for p in rep["patches"] if p["side"] == "worker"} == {"v3", "cpu-rotary-3d", "offload-captured"}
 
 
 def test_kimi_k25_base_model_path_matches_the_real_vllm_classes():
