@@ -1,10 +1,10 @@
-"""``speculators-compat`` console script: ``check`` and ``demo`` subcommands."""
+"""``speculators-compat`` console script: ``check``, ``demo`` and ``run`` subcommands."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = "usage: speculators-compat {check [--json] | demo [--tp N] | run SCRIPT [ARGS...]}"
+USAGE = "usage: speculators-compat {check [--json] [--deep] | demo [--tp N] | run SCRIPT [ARGS...]}"
 
 
 def main(argv: list[str] | None = None) -> int:
