@@ -10,9 +10,9 @@ patches off; ``python -m speculators_compat.check`` shows what applies and why.
 
 from __future__ import annotations
 
-import logging
 import os
 
+from ._log import logger as _logger
 from .errors import CaptureContractError, CompatError, IncompatibleVllmError, InvalidInputError
 from .hooks import applied_ids, apply, install, reset, revert, status
 
@@ -32,13 +32,8 @@ __all__ = [
     "CaptureContractError",
 ]
 
-_log = logging.getLogger("speculators_compat")
-_log.addHandler(logging.NullHandler())
-if os.environ.get("SPECULATORS_COMPAT_VERBOSE", "").strip().lower() in {"1", "true", "yes"}:
-    _handler = logging.StreamHandler()
-    _handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
-    _log.addHandler(_handler)
-    _log.setLevel(logging.DEBUG)
+if os.environ.get("SPECULATORS_COMPAT_VERBOSE", "").strip():
+    _logger()  # at once, so the verbose handler is there before anything logs
 
 if os.environ.get("SPECULATORS_COMPAT_DISABLE", "").strip().lower() not in {"all", "*", "1"}:
     install()

@@ -15,18 +15,18 @@ therefore costs neither wrapt nor the patch modules (issue #7).
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
-from types import ModuleType
+from ._log import logger
 
-from .errors import IncompatibleVllmError
-from . import versions
-from .registry import DISABLE_ENV, Decision, Patch, Patcher, Status, evaluate
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing alone costs ~4 ms
+if TYPE_CHECKING:  # the registry (dataclasses, enum) loads with the hooks, not at import
+    from types import ModuleType
+
+    from .registry import Decision, Patch, Patcher
 
 __all__ = ["install", "apply", "revert", "status", "applied_ids"]
 
-log = logging.getLogger("speculators_compat")
 
 _lock = threading.RLock()
 _hooked: set[str] = set()
@@ -100,6 +100,8 @@ def install() -> None:
 def _register_hooks() -> None:
     import wrapt
 
+    logger()  # the library's logger gets its NullHandler (or the verbose handler) now
+
     with _lock:
         for target in _targets():
             if target not in _hooked:
@@ -114,6 +116,8 @@ def _on_import(module: ModuleType) -> None:
 
 def apply_module(module: ModuleType) -> list[Decision]:
     """Evaluate and apply every patch that targets ``module``; idempotent."""
+    from . import versions
+    from .registry import DISABLE_ENV, Decision, Patcher, Status, evaluate
     from .patches import ENTRY_POINTS
 
     name = module.__name__
@@ -147,16 +151,16 @@ def apply_module(module: ModuleType) -> list[Decision]:
                     )
                     _decisions[patch.id] = decision
                     out[-1] = decision
-                    log.error("%s", decision.reason)
+                    logger().error("%s", decision.reason)
                     continue
                 except BaseException:
                     patcher.undo()
                     raise
                 _applied[patch.id] = patcher
                 _order.append(patch.id)
-                log.debug("applied %s to %s: %s", patch.id, name, decision.reason)
+                logger().debug("applied %s to %s: %s", patch.id, name, decision.reason)
             else:
-                log.debug("%s %s: %s", patch.id, decision.status.value, decision.reason)
+                logger().debug("%s %s: %s", patch.id, decision.status.value, decision.reason)
         refused = [d for d in out if d.status is Status.REFUSED]
         if refused and name not in _refusals and name in ENTRY_POINTS:
             _refusals[name] = _install_refusal(module, ENTRY_POINTS[name], refused)
@@ -165,11 +169,14 @@ def apply_module(module: ModuleType) -> list[Decision]:
 
 def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[Decision]) -> Patcher:
     """Make the target's entry point raise before it does any heavy work."""
+    from .errors import IncompatibleVllmError
+    from .registry import Patcher
+
     cls_name, method = entry
     # an API whose shape is unknown comes first: it is what actually changed
     refused = sorted(refused, key=lambda d: "the API shape matches" in d.reason)
     message = "speculators_compat refuses to run: " + " | ".join(d.reason for d in refused)
-    log.error(message)
+    logger().error(message)
 
     def refuse(wrapped, instance, args, kwargs):
         raise IncompatibleVllmError(message)
@@ -237,6 +244,8 @@ def status(import_targets: bool = False) -> list[Decision]:
     ``import_targets`` is true (which imports speculators and vLLM); otherwise they are
     reported as pending.
     """
+    from .registry import Decision, Status, evaluate
+
     import importlib
 
     out = []
