@@ -274,3 +274,29 @@ def test_a_probe_that_cannot_read_its_target_refuses(at_versions):
     decision = evaluate(patch, types.ModuleType("t"))
     assert decision.status is Status.REFUSED
     assert "probe failed: OSError: could not get source code" in decision.reason
+
+
+def test_check_json_follows_the_documented_schema(tmp_path):
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "speculators_compat.check", "--json"], capture_output=True, text=True, cwd=tmp_path
+    )
+    rep = json.loads(proc.stdout)
+    assert proc.returncode == (0 if rep["covered"] else 1), proc.stderr[-2000:]
+    assert set(rep) == {"schema", "mode", "python", "torch", "vllm", "speculators", "covered", "patches", "apis"}
+    assert rep["schema"] == 2 and rep["mode"] == "static"
+    from speculators_compat.patches import REGISTRY
+
+    assert [p["id"] for p in rep["patches"]] == [p.id for p in REGISTRY]
+    for p in rep["patches"]:
+        assert set(p) == {"id", "title", "side", "kind", "delta", "target", "vllm_validated", "speculators",
+                          "status", "reason"}
+        assert p["status"] in {"applies", "not needed", "refused", "disabled"}
+    for a in rep["apis"]:
+        assert {"api", "found", "status", "releases", "expected"} <= set(a)
+        assert a["status"] in {"known", "compatible", "unknown"}
+        assert ("difference" in a) == (a["status"] == "unknown")
+    if rep["vllm"] is None:  # the unit env: nothing to probe, not covered, nothing refused
+        assert rep["covered"] is False and rep["apis"] == []
+        assert {p["status"] for p in rep["patches"]} == {"not needed"}
