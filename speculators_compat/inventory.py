@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recorded vLLM {release} into {args.out}")
         return 0
     for e in inventory(view):
-        print(f"{e['status']:<8} {e['api']}{e['found'] if e['found'].startswith('(') and e['found'] in (ABSENT, PRESENT) else ''}")
+        print(f"{e['status']:<10} {e['api']}{e['found']}")
     return 0
 
 
