@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+
 from ._log import logger
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing alone costs ~4 ms
