@@ -56,6 +56,31 @@ def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> "
     return Probe.new(f"{what} around VllmHiddenStatesGenerator.{'/'.join(methods)}")
 
 
+def generator_probes(what: str, methods: tuple[str, ...]):
+    """``(probe, static_probe)`` of a guard or option that wraps ``methods`` of the generator."""
+
+    def probe(module) -> "Probe":
+        return generator_methods(what, methods, set(vars(module.VllmHiddenStatesGenerator)))
+
+    def static_probe(view) -> "Probe":
+        return generator_methods(what, methods, generator_members(view))
+
+    return probe, static_probe
+
+
+def generate_probes(judge):
+    """``(probe, static_probe)`` that pass the source of ``VllmHiddenStatesGenerator.generate``
+    (imported, or read from the installed speculators) to ``judge``."""
+
+    def probe(module) -> "Probe":
+        return judge(source_of(module.VllmHiddenStatesGenerator.generate))
+
+    def static_probe(view) -> "Probe":
+        return judge(generate_source(view))
+
+    return probe, static_probe
+
+
 def generator_members(view) -> set[str]:
     """The methods of the installed generator class, read from the speculators sources."""
     names = view.speculators.members(GENERATOR, "VllmHiddenStatesGenerator")

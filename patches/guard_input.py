@@ -27,20 +27,14 @@ import numbers
 from speculators_compat.errors import InvalidInputError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_members, generator_methods
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_probes
 
 log = logging.getLogger("speculators_compat")
 
 
-METHODS = ('__init__', 'generate')
+METHODS = ("__init__", "generate")
 
-
-def probe(module) -> Probe:
-    return generator_methods("guard", METHODS, set(vars(module.VllmHiddenStatesGenerator)))
-
-
-def static_probe(view) -> Probe:
-    return generator_methods("guard", METHODS, generator_members(view))
+probe, static_probe = generator_probes("guard", METHODS)
 
 
 def _is_int(value) -> bool:

@@ -18,18 +18,12 @@ from __future__ import annotations
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_members, generator_methods
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_probes
 
 
-METHODS = ('generate',)
+METHODS = ("generate",)
 
-
-def probe(module) -> Probe:
-    return generator_methods("guard", METHODS, set(vars(module.VllmHiddenStatesGenerator)))
-
-
-def static_probe(view) -> Probe:
-    return generator_methods("guard", METHODS, generator_members(view))
+probe, static_probe = generator_probes("guard", METHODS)
 
 
 def check(generator, inputs, results) -> None:

@@ -23,20 +23,14 @@ import time
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_members, generator_methods
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_probes
 
 log = logging.getLogger("speculators_compat")
 
 
-METHODS = ('generate', '__del__')
+METHODS = ("generate", "__del__")
 
-
-def probe(module) -> Probe:
-    return generator_methods("report", METHODS, set(vars(module.VllmHiddenStatesGenerator)))
-
-
-def static_probe(view) -> Probe:
-    return generator_methods("report", METHODS, generator_members(view))
+probe, static_probe = generator_probes("report", METHODS)
 
 
 def _generate(wrapped, instance, args, kwargs):

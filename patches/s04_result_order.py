@@ -22,23 +22,18 @@ from __future__ import annotations
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_source, source_of
+from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_probes
 
 MARK = "sorted(request_id_to_idx"
-
-
-def probe(module) -> Probe:
-    return _judge(source_of(module.VllmHiddenStatesGenerator.generate))
-
-
-def static_probe(view) -> Probe:
-    return _judge(generate_source(view))
 
 
 def _judge(source: str) -> Probe:
     if MARK in source:
         return Probe.new(f"generate() builds results from {MARK}...)")
     return Probe.old(f"generate() has no {MARK}...)")
+
+
+probe, static_probe = generate_probes(_judge)
 
 
 def input_order(n: int) -> list[int]:

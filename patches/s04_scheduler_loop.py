@@ -25,16 +25,8 @@ import wrapt
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_source, source_of
+from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_probes
 from .v5_two_phase_execution import flush_finished, remember_idle
-
-
-def probe(module) -> Probe:
-    return _judge(source_of(module.VllmHiddenStatesGenerator.generate))
-
-
-def static_probe(view) -> Probe:
-    return _judge(generate_source(view))
 
 
 def _judge(src: str) -> Probe:
@@ -43,6 +35,9 @@ def _judge(src: str) -> Probe:
     if "all_prefill_complete" in src:
         return Probe.new("generate() loops on all_prefill_complete without update_from_output")
     return Probe.unknown("generate() has neither the 0.4 loop nor update_from_output")
+
+
+probe, static_probe = generate_probes(_judge)
 
 
 def _free_prefilled(wrapped, instance, args, kwargs):

@@ -244,7 +244,7 @@ def test_every_registered_patch_is_documented():
     ids = [p.id for p in REGISTRY]
     assert len(ids) == len(set(ids))
     for p in REGISTRY:
-        module = sys.modules[p.probe.__module__]
+        module = sys.modules[p.apply.__module__]
         doc = module.__doc__ or ""
         assert p.id in doc.splitlines()[0], p.id
         assert "Covers" in doc, p.id
