@@ -1,8 +1,9 @@
 """``python -m speculators_compat.check``: which patches apply to this install, and why.
 
 Prints the installed Python, torch, vLLM and speculators versions, then every patch with
-its status (applies / not needed / refused / disabled), grouped by the side it runs on
-(driver: the generator process; worker: every vLLM worker), and the evidence.
+its status (applies / not needed / refused / disabled) and the evidence (what its probe
+found), with the vLLM delta it is about on the line below, grouped by the side it runs on
+(driver: the generator process; worker: every vLLM worker).
 
 By default nothing is imported: versions come from package metadata, and every patch's
 static probe reads the installed vLLM and speculators sources (well under a second, no
@@ -98,7 +99,8 @@ def _text(rep: dict) -> str:
         lines.append(title + ":")
         for p in rep["patches"]:
             if p["side"] == side:
-                lines.append(f"  {p['id']:<19} {p['status']:<11} {p['reason']}")
+                lines.append(f"  {p['id']:<20} {p['status']:<11} {p['reason']}")
+                lines.append(f"  {'':<20} {'delta':<11} {p['delta']}")
     if rep["apis"]:
         lines.append("")
         lines.append(f"vLLM APIs used by the stock code ({rep['mode']} check; shapes recorded on validated releases):")

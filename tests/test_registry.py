@@ -300,3 +300,16 @@ def test_check_json_follows_the_documented_schema(tmp_path):
     if rep["vllm"] is None:  # the unit env: nothing to probe, not covered, nothing refused
         assert rep["covered"] is False and rep["apis"] == []
         assert {p["status"] for p in rep["patches"]} == {"not needed"}
+
+
+def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path):
+    from speculators_compat.patches import REGISTRY
+
+    out = subprocess.run(
+        [sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True, cwd=tmp_path
+    ).stdout.splitlines()
+    for patch in REGISTRY:
+        row = next(i for i, line in enumerate(out) if line.split()[:1] == [patch.id])
+        assert out[row].split()[1] in {"applies", "not", "refused", "disabled"}, out[row]
+        assert out[row + 1].split(None, 1) == ["delta", patch.delta], out[row + 1]
+    assert out[-1] in {"covered: yes", "covered: NO"}
