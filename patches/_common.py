@@ -56,6 +56,19 @@ def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> "
     return Probe.new(f"{what} around VllmHiddenStatesGenerator.{'/'.join(methods)}")
 
 
+def generator_patch(what: str, wrappers: dict[str, Any]):
+    """``(probe, static_probe, apply)`` of a guard or option that wraps methods of the
+    generator class: ``wrappers`` maps each method name to its wrapper, so what the probes
+    require is exactly what ``apply`` wraps."""
+    probe, static_probe = generator_probes(what, tuple(wrappers))
+
+    def apply(module, patcher) -> None:
+        for method, wrapper in wrappers.items():
+            patcher.wrap(module.VllmHiddenStatesGenerator, method, wrapper)
+
+    return probe, static_probe, apply
+
+
 def generator_probes(what: str, methods: tuple[str, ...]):
     """``(probe, static_probe)`` of a guard or option that wraps ``methods`` of the generator."""
 

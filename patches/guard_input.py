@@ -14,7 +14,7 @@ Not a vLLM delta: the library's own guard around the stock generator.
   aborted, the workers are told, and the capture buffer is reset, so the next call starts
   clean; the original error is re-raised.
 
-Detection: the generator class defines the methods it wraps (``METHODS``).
+Detection: the generator class defines the methods it wraps (``WRAPPERS``).
 
 Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
 """
@@ -27,14 +27,9 @@ import numbers
 from speculators_compat.errors import InvalidInputError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_probes
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_patch
 
 log = logging.getLogger("speculators_compat")
-
-
-METHODS = ("__init__", "generate")
-
-probe, static_probe = generator_probes("guard", METHODS)
 
 
 def _is_int(value) -> bool:
@@ -138,9 +133,10 @@ def _generate(wrapped, instance, args, kwargs):
         raise
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+#: method of VllmHiddenStatesGenerator -> its wrapper (the probes require exactly these)
+WRAPPERS = {"__init__": _init, "generate": _generate}
+
+probe, static_probe, apply = generator_patch("guard", WRAPPERS)
 
 
 PATCH = Patch(

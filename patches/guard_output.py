@@ -8,7 +8,7 @@ them), each of shape ``[len(input_ids), hidden_size]``, on the CPU, with finite 
 A violation raises :class:`~speculators_compat.errors.CaptureContractError` naming the
 sequence and the layer.
 
-Detection: the generator class defines the methods it wraps (``METHODS``).
+Detection: the generator class defines the methods it wraps (``WRAPPERS``).
 
 Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
 """
@@ -18,12 +18,7 @@ from __future__ import annotations
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_probes
-
-
-METHODS = ("generate",)
-
-probe, static_probe = generator_probes("guard", METHODS)
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_patch
 
 
 def check(generator, inputs, results) -> None:
@@ -63,8 +58,10 @@ def _generate(wrapped, instance, args, kwargs):
     return results
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+#: method of VllmHiddenStatesGenerator -> its wrapper (the probes require exactly these)
+WRAPPERS = {"generate": _generate}
+
+probe, static_probe, apply = generator_patch("guard", WRAPPERS)
 
 
 PATCH = Patch(

@@ -11,7 +11,7 @@ seconds of each call; ``__del__`` is wrapped to shut the executor down itself an
 outcome (the stock ``__del__`` swallows any error into a vague warning).
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
-Detection: the generator class defines the methods it wraps (``METHODS``).
+Detection: the generator class defines the methods it wraps (``WRAPPERS``).
 
 Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
 """
@@ -23,14 +23,9 @@ import time
 
 from speculators_compat.registry import Patch, Probe
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_probes
+from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_patch
 
 log = logging.getLogger("speculators_compat")
-
-
-METHODS = ("generate", "__del__")
-
-probe, static_probe = generator_probes("report", METHODS)
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -70,9 +65,10 @@ def _del(wrapped, instance, args, kwargs):
     shutdown(instance)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__del__", _del)
+#: method of VllmHiddenStatesGenerator -> its wrapper (the probes require exactly these)
+WRAPPERS = {"generate": _generate, "__del__": _del}
+
+probe, static_probe, apply = generator_patch("report", WRAPPERS)
 
 
 PATCH = Patch(
