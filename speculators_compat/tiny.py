@@ -9,7 +9,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["build_tokenizer", "build_llama", "hf_reference", "cpu_environment"]
+__all__ = [
+    "build_tokenizer",
+    "build_llama",
+    "build_qwen3",
+    "build_deepseek_v3",
+    "hf_reference",
+    "cpu_environment",
+]
 
 _CORPUS = [
     "speculative decoding drafts tokens with a small model and verifies them with the large one",
@@ -80,6 +87,53 @@ def build_llama(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(str(path), safe_serialization=True)
+    build_tokenizer(path, vocab_size=min(vocab_size, 384))
+    return path
+
+
+def build_qwen3(
+    path: str | Path,
+    *,
+    hidden_size: int = 96,
+    num_layers: int = 6,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 32,
+    intermediate_size: int = 192,
+    vocab_size: int = 512,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """A random-weight Qwen3 saved in fp32 with a local tokenizer: grouped-query attention,
+    ``head_dim`` different from ``hidden_size / num_heads`` and per-head q/k RMS norms -- the
+    shapes a tiny Llama does not exercise (the CPU attention supports head sizes 32, 64, 80,
+    96, 112, 128, ...)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = Qwen3Config(
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    with torch.no_grad():  # non-trivial q/k norm weights, so a skipped norm shows
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     model.save_pretrained(str(path), safe_serialization=True)
     build_tokenizer(path, vocab_size=min(vocab_size, 384))
     return path
