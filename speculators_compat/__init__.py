@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from . import _checkout, _env
 from ._log import logger as _logger
 from .errors import CaptureContractError, CompatError, IncompatibleVllmError, InvalidInputError
 from .hooks import applied_ids, apply, install, reset, revert, status
@@ -32,8 +33,10 @@ __all__ = [
     "CaptureContractError",
 ]
 
-if os.environ.get("SPECULATORS_COMPAT_VERBOSE", "").strip():
+_checkout.install(os.path.dirname(os.path.abspath(__file__)))
+
+if _env.verbose():
     _logger()  # at once, so the verbose handler is there before anything logs
 
-if os.environ.get("SPECULATORS_COMPAT_DISABLE", "").strip().lower() not in {"all", "*", "1"}:
+if not _env.all_disabled():
     install()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import os
+from . import _env
 
 _configured = False
 
@@ -18,7 +18,7 @@ def logger():
     if not _configured:
         _configured = True
         log.addHandler(logging.NullHandler())
-        if os.environ.get("SPECULATORS_COMPAT_VERBOSE", "").strip().lower() in {"1", "true", "yes"}:
+        if _env.verbose():
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
             log.addHandler(handler)

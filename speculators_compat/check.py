@@ -16,19 +16,24 @@ preflight does.
 Exit codes: 0 -- covered (no patch refused, no API of unknown shape); 1 -- not covered (a
 refusal, or speculators/vLLM missing); 2 -- the check itself failed.
 
-``--json`` prints one object (schema version 2)::
+``--json`` prints one object (schema version 3)::
 
-    {"schema": 2, "mode": "static"|"deep", "python": str, "torch": str|null,
+    {"schema": 3, "mode": "static"|"deep", "python": str, "torch": str|null,
+     "transformers": str|null,
      "vllm": {"distribution", "version", "kind", "cpu_build"}|null, "speculators": str|null,
+     "validation": {"vllm": str, "platforms": [str], "applied": [str]}|null,
      "covered": bool,
-     "patches": [{"id", "title", "side", "kind", "delta", "target", "vllm_validated",
-                  "speculators", "status", "reason"}],
+     "patches": [{"id", "title", "side", "kind", "family", "delta", "target", "vllm_range",
+                  "speculators", "status", "cause", "reason"}],
      "apis": [{"api", "found", "status", "releases", "expected", "difference" (unknown only)}]}
 
-``status`` of a patch: "applies", "not needed", "refused", "disabled" ("pending" only if a
-deep probe could not import its target). ``status`` of an API: "known", "compatible",
-"unknown"; ``releases``: the validated releases with that shape (for "compatible", those
-of the signature it extends); ``expected``: the other recorded shapes, by signature.
+``validation``: the record of the test matrix that covers the installed vLLM (null: its line was
+never validated with the installed speculators line). ``status`` of a patch: "applies",
+"not needed", "refused", "disabled" ("pending" only if a deep probe could not import its
+target); ``cause`` of a refusal: "unknown shape", "call does not bind", "not validated",
+"apply failed" (else null). ``status`` of an API: "known", "compatible", "unknown";
+``releases``: the validated releases with that shape (for "compatible", those of the signature
+it extends); ``expected``: the other recorded shapes, by signature.
 """
 
 from __future__ import annotations
@@ -48,29 +53,35 @@ __all__ = ["main", "report"]
 
 def report(deep: bool = False) -> dict:
     from . import hooks, inventory
-    from .registry import evaluate
+    from .registry import context, evaluate_all
     from .sources import StaticView
 
     view = StaticView()
+    ctx = context()
     if deep:
         hooks.install()
         decisions = hooks.status(import_targets=True)
     else:
-        decisions = [evaluate(patch, None, view) for patch in hooks._registry()]
+        decisions = []
+        for target in dict.fromkeys(p.target for p in hooks.patches()):
+            decisions += evaluate_all([p for p in hooks.patches() if p.target == target], view=view, ctx=ctx)
+        order = {p.id: i for i, p in enumerate(hooks.patches())}
+        decisions.sort(key=lambda d: order[d.patch.id])
     apis = inventory.inventory(view) if view.vllm.found else []
-    vllm = versions.vllm()
-    spec = versions.speculators()
+    vllm, spec, record = ctx.vllm, ctx.speculators, ctx.record
     torch = versions.installed("torch")
+    transformers = versions.installed("transformers")
     covered = (
         vllm is not None
         and spec is not None
         and not any(d.status in (Status.REFUSED, Status.PENDING) for d in decisions)
     )
     return {
-        "schema": 2,
+        "schema": 3,
         "mode": "deep" if deep else "static",
         "python": platform.python_version(),
         "torch": str(torch.version) if torch else None,
+        "transformers": str(transformers.version) if transformers else None,
         "vllm": (
             {"distribution": vllm.distribution, "version": str(vllm.version), "kind": vllm.kind,
              "cpu_build": view.cpu}
@@ -78,6 +89,9 @@ def report(deep: bool = False) -> dict:
             else None
         ),
         "speculators": str(spec.version) if spec else None,
+        "validation": (
+            {"vllm": record.vllm, "platforms": record.platforms, "applied": sorted(record.applied)} if record else None
+        ),
         "covered": covered,
         "patches": [d.as_dict() for d in decisions],
         "apis": apis,
@@ -88,12 +102,20 @@ def _text(rep: dict) -> str:
     from . import inventory
 
     v = rep["vllm"]
+    vllm = f"{v['distribution']} {v['version']} ({v['kind']})" if v else "not installed"
     lines = [
         f"Python       {rep['python']}",
         f"torch        {rep['torch'] or 'not installed'}",
-        f"vLLM         {v['distribution'] + ' ' + v['version'] + ' (' + v['kind'] + ')' if v else 'not installed'}",
+        f"vLLM         {vllm}",
         f"speculators  {rep['speculators'] or 'not installed'}",
+        f"transformers {rep['transformers'] or 'not installed'}",
     ]
+    val = rep["validation"]
+    if val:
+        lines.append(f"validated    end to end on vLLM {val['vllm']} ({', '.join(val['platforms'])}; the newest "
+                     "validated release of this line not newer than the installed one)")
+    elif v and rep["speculators"]:
+        lines.append("validated    NO release of this vLLM line was validated with this speculators line")
     for side, title in (("driver", "driver-side patches (generator process)"), ("worker", "worker-side patches (every vLLM worker)")):
         lines.append("")
         lines.append(title + ":")

@@ -10,7 +10,10 @@ Registration is deferred: until the package that holds every target (``speculato
 imported, ``install()`` only puts a small finder on ``sys.meta_path`` that never finds
 anything; on the first import of ``speculators`` it loads the registry and wrapt and
 registers the real hooks, before any target module can load. ``import speculators_compat``
-therefore costs neither wrapt nor the patch modules (issue #7).
+therefore costs neither wrapt nor the patch modules.
+
+Probes run outside the state lock (they may import vLLM modules, as wrapt runs its hooks
+outside its own lock); only the bookkeeping and the wrapping happen under it.
 """
 
 from __future__ import annotations
@@ -26,44 +29,38 @@ if TYPE_CHECKING:  # the registry (dataclasses, enum) loads with the hooks, not 
 
     from .registry import Decision, Patch, Patcher
 
-__all__ = ["install", "apply", "revert", "status", "applied_ids"]
-
-
-_lock = threading.RLock()
-_hooked: set[str] = set()
-_active = True
-_applied: dict[str, Patcher] = {}
-_order: list[str] = []
-_refusals: dict[str, Patcher] = {}
-_decisions: dict[str, Decision] = {}
-_suppressed: set[str] = set()
-
-
-def _registry() -> list[Patch]:
-    try:
-        from .patches import REGISTRY
-    except ModuleNotFoundError as exc:
-        if exc.name != "speculators_compat.patches":
-            raise
-        raise ImportError(
-            "speculators_compat.patches is missing: this speculators_compat was imported from a "
-            "source checkout (its patches/ folder is installed as speculators_compat.patches). "
-            "Install the package (pip install -e .) and run from outside the checkout root."
-        ) from exc
-    return REGISTRY
-
-
-def _targets() -> list[str]:
-    seen: list[str] = []
-    for patch in _registry():
-        if patch.target not in seen:
-            seen.append(patch.target)
-    return seen
-
+__all__ = ["install", "apply", "revert", "reset", "status", "applied_ids", "patches", "TRIGGER"]
 
 #: the package every patch target lives in (checked by the unit tests): the hooks are
 #: registered when it is first imported
 TRIGGER = "speculators"
+
+
+class _State:
+    """Everything this process knows about its patches (one instance, under one lock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.hooked: set[str] = set()  # targets with a registered post-import hook
+        self.active = True  # False after revert(): hooks fire but apply nothing
+        self.applied: dict[str, Patcher] = {}  # patch id -> how to undo it, in order applied
+        self.refusals: dict[str, Patcher] = {}  # target -> the entry-point refusal wrapper
+        self.decisions: dict[str, Decision] = {}
+        self.suppressed: set[str] = set()  # ids reverted one by one
+
+
+_state = _State()
+
+
+def patches() -> list[Patch]:
+    """The registered patches, in the order they apply (discovered in ``speculators_compat.patches``)."""
+    from .patches import REGISTRY
+
+    return REGISTRY
+
+
+def _targets() -> list[str]:
+    return list(dict.fromkeys(p.target for p in patches()))
 
 
 class _DeferredHooks:
@@ -89,10 +86,9 @@ def install() -> None:
     If ``speculators`` is not imported yet, this only arms the deferred finder (no wrapt,
     no registry import); otherwise the hooks are registered at once.
     """
-    global _active
-    with _lock:
-        _active = True
-        if TRIGGER in sys.modules or _hooked:
+    with _state.lock:
+        _state.active = True
+        if TRIGGER in sys.modules or _state.hooked:
             _register_hooks()
         elif _deferred not in sys.meta_path:
             sys.meta_path.insert(0, _deferred)
@@ -102,70 +98,74 @@ def _register_hooks() -> None:
     import wrapt
 
     logger()  # the library's logger gets its NullHandler (or the verbose handler) now
-
-    with _lock:
-        for target in _targets():
-            if target not in _hooked:
-                _hooked.add(target)
-                wrapt.register_post_import_hook(_on_import, target)
+    with _state.lock:
+        todo = [t for t in _targets() if t not in _state.hooked]
+        _state.hooked.update(todo)
+    for target in todo:  # wrapt may call the hook at once: outside our lock
+        wrapt.register_post_import_hook(_on_import, target)
 
 
 def _on_import(module: ModuleType) -> None:
-    if _active:
+    if _state.active:
         apply_module(module)
 
 
 def apply_module(module: ModuleType) -> list[Decision]:
     """Evaluate and apply every patch that targets ``module``; idempotent."""
-    from . import versions
-    from .registry import DISABLE_ENV, Decision, Patcher, Status, evaluate
     from .patches import ENTRY_POINTS
+    from .registry import Cause, Decision, Patcher, Status, context, evaluate, refusal
 
     name = module.__name__
+    ctx = context()
     out: list[Decision] = []
-    with _lock:
-        for patch in _registry():
-            if patch.target != name:
+    for patch in (p for p in patches() if p.target == name):
+        with _state.lock:
+            if patch.id in _state.applied:
+                out.append(_state.decisions[patch.id])
                 continue
-            if patch.id in _applied:
-                out.append(_decisions[patch.id])
-                continue
-            decision = evaluate(patch, module)
-            if patch.id in _suppressed and decision.status is Status.APPLIES:
-                decision = Decision(patch, Status.DISABLED, "reverted by speculators_compat.revert()")
-            _decisions[patch.id] = decision
-            out.append(decision)
-            if decision.status is Status.APPLIES:
+        decision = evaluate(patch, module, ctx=ctx, prior=out)
+        if patch.id in _state.suppressed and decision.status is Status.APPLIES:
+            decision = Decision(patch, Status.DISABLED, "reverted by speculators_compat.revert()")
+        if decision.status is Status.APPLIES:
+            with _state.lock:
+                if patch.id in _state.applied:  # another thread applied it meanwhile
+                    out.append(_state.decisions[patch.id])
+                    continue
                 patcher = Patcher()
                 try:
                     patch.apply(module, patcher)
                 except (AttributeError, TypeError, ValueError, ImportError) as exc:
                     # the target is not what the probe let us believe: refuse, never half-patch
                     patcher.undo()
-                    decision = Decision(
-                        patch,
-                        Status.REFUSED,
-                        f"[{patch.id}] {patch.api or patch.delta}: applying failed "
-                        f"({type(exc).__name__}: {exc}); installed: {versions.vllm()}. Report this "
-                        f"to speculators_compat; {DISABLE_ENV}={patch.id} runs the stock code "
-                        f"unpatched at your own risk.",
-                    )
-                    _decisions[patch.id] = decision
-                    out[-1] = decision
-                    logger().error("%s", decision.reason)
-                    continue
+                    evidence = f"applying failed ({type(exc).__name__}: {exc})"
+                    decision = Decision(patch, Status.REFUSED, refusal(patch, ctx, evidence, Cause.APPLY_FAILED),
+                                        Cause.APPLY_FAILED)
                 except BaseException:
                     patcher.undo()
                     raise
-                _applied[patch.id] = patcher
-                _order.append(patch.id)
-                logger().debug("applied %s to %s: %s", patch.id, name, decision.reason)
-            else:
-                logger().debug("%s %s: %s", patch.id, decision.status.value, decision.reason)
-        refused = [d for d in out if d.status is Status.REFUSED]
-        if refused and name not in _refusals and name in ENTRY_POINTS:
-            _refusals[name] = _install_refusal(module, ENTRY_POINTS[name], refused)
+                else:
+                    _state.applied[patch.id] = patcher
+                    logger().debug("applied %s to %s: %s", patch.id, name, decision.reason)
+        if decision.status is not Status.APPLIES:
+            log = logger().error if decision.status is Status.REFUSED else logger().debug
+            log("%s %s: %s", patch.id, decision.status.value, decision.reason)
+        with _state.lock:
+            _state.decisions[patch.id] = decision
+        out.append(decision)
+    refused = [d for d in out if d.status is Status.REFUSED]
+    with _state.lock:
+        if refused and name not in _state.refusals and name in ENTRY_POINTS:
+            _state.refusals[name] = _install_refusal(module, ENTRY_POINTS[name], refused)
     return out
+
+
+def refusal_message(refused: list[Decision]) -> str:
+    """One message for every refusal, what changed first (by cause), then the rest."""
+    from .registry import Cause
+
+    order = list(Cause)
+    ranked = sorted(refused, key=lambda d: order.index(d.cause) if d.cause else len(order))
+    return "speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
 
 
 def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[Decision]) -> Patcher:
@@ -174,9 +174,7 @@ def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[D
     from .registry import Patcher
 
     cls_name, method = entry
-    # an API whose shape is unknown comes first: it is what actually changed
-    refused = sorted(refused, key=lambda d: "the API shape matches" in d.reason)
-    message = "speculators_compat refuses to run: " + " | ".join(d.reason for d in refused)
+    message = refusal_message(refused)
     logger().error(message)
 
     def refuse(wrapped, instance, args, kwargs):
@@ -191,8 +189,8 @@ def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[D
 
 def apply() -> list[Decision]:
     """Install the hooks and apply to every target already imported."""
-    global _active
-    _active = True
+    with _state.lock:
+        _state.active = True
     _register_hooks()
     out: list[Decision] = []
     for target in _targets():
@@ -203,26 +201,24 @@ def apply() -> list[Decision]:
 
 
 def revert(ids: list[str] | None = None) -> None:
-    """Undo patches (all of them by default). Reverted ids stay off until ``apply(reset=True)``.
+    """Undo patches (all of them by default); ``reset()`` forgets the ids reverted one by one.
 
     Wrappers are undone last-in first-out and the remaining patches re-applied, so reverting
     one patch in the middle of a stack leaves the others intact. Objects created while a
     patch was active (a running generator, its executor proxy) keep it.
     """
-    global _active
-    with _lock:
+    with _state.lock:
         if ids is None:
-            _active = False
-            _suppressed.clear()
+            _state.active = False
+            _state.suppressed.clear()
         else:
-            _suppressed.update(ids)
-        for pid in reversed(_order):
-            _applied.pop(pid).undo()
-        _order.clear()
-        for patcher in _refusals.values():
+            _state.suppressed.update(ids)
+        for pid in reversed(list(_state.applied)):
+            _state.applied.pop(pid).undo()
+        for patcher in _state.refusals.values():
             patcher.undo()
-        _refusals.clear()
-        _decisions.clear()
+        _state.refusals.clear()
+        _state.decisions.clear()
     if ids is not None:
         apply()
 
@@ -230,12 +226,13 @@ def revert(ids: list[str] | None = None) -> None:
 def reset() -> None:
     """Revert everything and forget reverted ids; the next ``apply()`` starts afresh."""
     revert()
-    _suppressed.clear()
+    with _state.lock:
+        _state.suppressed.clear()
 
 
 def applied_ids() -> list[str]:
-    with _lock:
-        return list(_order)
+    with _state.lock:
+        return list(_state.applied)
 
 
 def status(import_targets: bool = False) -> list[Decision]:
@@ -245,26 +242,26 @@ def status(import_targets: bool = False) -> list[Decision]:
     ``import_targets`` is true (which imports speculators and vLLM); otherwise they are
     reported as pending.
     """
-    from .registry import Decision, Status, evaluate
-
     import importlib
 
-    out = []
-    for patch in _registry():
-        with _lock:
-            if patch.id in _decisions:
-                out.append(_decisions[patch.id])
-                continue
-        module = sys.modules.get(patch.target)
-        if module is None and import_targets:
-            try:
-                module = importlib.import_module(patch.target)
-            except ImportError as exc:
-                out.append(Decision(patch, Status.REFUSED, f"cannot import {patch.target}: {exc}"))
-                continue
-        with _lock:
-            if patch.id in _decisions:  # the import above fired the hook
-                out.append(_decisions[patch.id])
-                continue
-        out.append(evaluate(patch, module))
+    from .registry import Decision, Status, context, evaluate
+
+    ctx = context()
+    out: list[Decision] = []
+    for patch in patches():
+        with _state.lock:
+            known = _state.decisions.get(patch.id)
+        if known is None:
+            module = sys.modules.get(patch.target)
+            if module is None and import_targets:
+                try:
+                    module = importlib.import_module(patch.target)
+                except ImportError as exc:
+                    out.append(Decision(patch, Status.REFUSED, f"cannot import {patch.target}: {exc}"))
+                    continue
+            with _state.lock:  # the import above fired the hook
+                known = _state.decisions.get(patch.id)
+            if known is None:
+                known = evaluate(patch, module, ctx=ctx, prior=[d for d in out if d.patch.target == patch.target])
+        out.append(known)
     return out

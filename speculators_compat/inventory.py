@@ -9,7 +9,9 @@ real vLLM releases this library is validated on (``known_apis.json``, written by
 
 - ``known``: the signature is one recorded on a validated release (named);
 - ``compatible``: not recorded, but it only adds optional parameters to a recorded one
-  (what nightlies usually do): every call the stock code makes still binds;
+  (what nightlies usually do), or drops optional parameters that no stock call passes (vLLM
+  0.17's ``ModelConfig`` lost ``logits_processor_pattern``): every call the stock code makes
+  still binds (the ``stock-calls`` check binds each of them to the installed signature);
 - ``unknown``: a name that is gone, a parameter removed, a new required parameter: named
   with the module, the expected signature (newest recorded) and the one found.
 
@@ -26,13 +28,11 @@ import sys
 from functools import lru_cache
 
 from .sources import Sources, StaticView, render
+from .targets import GENERATOR, WORKER
 
 __all__ = ["inventory", "unknown", "KNOWN_FILE"]
 
 KNOWN_FILE = os.path.join(os.path.dirname(__file__), "known_apis.json")
-
-GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
-WORKER = "speculators.data_generation.custom_worker"
 
 #: methods the stock code calls on objects (not imports): (module, class, method)
 METHODS = (
@@ -119,21 +119,42 @@ def known() -> dict[str, dict[str, list[str]]]:
         return json.load(fh)["apis"]
 
 
+KNOWN, COMPATIBLE, UNKNOWN = "known", "compatible", "unknown"
+
+
+def passed(view: StaticView) -> dict[str, set[str] | None]:
+    """``{api: parameter names the stock calls pass}`` (keywords, and the first positional
+    parameters by their recorded order); an API that is imported but never called by the
+    generator is absent (every parameter then counts as used)."""
+    from .calls import stock_calls
+
+    out: dict[str, set[str]] = {}
+    for call in stock_calls(view):
+        api = api_name(call.module, call.cls, call.method)
+        names = out.setdefault(api, set())
+        names.update(call.keywords)
+        if call.positional:
+            order = _parse(shape(view.vllm, call.module, call.cls, call.method)) or {}
+            names.update(list(order)[: call.positional])
+    return out
+
+
 def inventory(view: StaticView | None = None) -> list[dict]:
     """One entry per API: ``{"api", "found", "status", "releases", "expected"}``."""
     view = view or StaticView()
     table = known()
+    used = passed(view)
     out = []
     for module, name, method in apis(view):
         api = api_name(module, name, method)
         found = shape(view.vllm, module, name, method)
         seen = table.get(api, {})
         releases = seen.get(found, [])
-        status = "known"
+        status = KNOWN
         if not releases:
-            like = [rel for sig, rel in seen.items() if extends(found, sig)]
+            like = [rel for sig, rel in seen.items() if extends(found, sig, used.get(api))]
             releases = max(like, key=_newest) if like else []
-            status = "compatible" if like else "unknown"
+            status = COMPATIBLE if like else UNKNOWN
         entry = {
             "api": api,
             "found": found,
@@ -141,7 +162,7 @@ def inventory(view: StaticView | None = None) -> list[dict]:
             "releases": releases,
             "expected": {sig: rel for sig, rel in seen.items() if sig != found},
         }
-        if status == "unknown":
+        if status == UNKNOWN:
             entry["difference"] = difference(found, seen)
         out.append(entry)
     return out
@@ -176,21 +197,21 @@ def _parse(sig: str) -> dict[str, bool] | None:
     return out
 
 
-def extends(found: str, recorded: str) -> bool:
-    """``found`` keeps every parameter of ``recorded`` and adds only optional ones."""
+def extends(found: str, recorded: str, used: set[str] | None = None) -> bool:
+    """``found`` keeps every parameter of ``recorded`` that is required or that the stock
+    calls pass (``used``; None: every parameter counts as used), and adds only optional ones."""
     new, old = _parse(found), _parse(recorded)
     if new is None or old is None:
         return False
-    return all(name in new for name in old) and all(
-        not req or old.get(name, False) for name, req in new.items()
-    )
+    kept = all(name in new for name, req in old.items() if req or used is None or name in used)
+    return kept and all(not req or old.get(name, False) for name, req in new.items())
 
 
 def unknown(entries: list[dict]) -> list[str]:
     """A precise line for every API whose shape the registry does not know."""
     lines = []
     for e in entries:
-        if e["status"] != "unknown":
+        if e["status"] != UNKNOWN:
             continue
         lines.append(f"{e['api']}: {e['difference']}")
     return lines

@@ -25,9 +25,9 @@ __all__ = ["register", "cpu_platform"]
 
 def register() -> None:
     """Install the post-import hooks in this (vLLM) process."""
-    from . import hooks, registry
+    from . import _env, hooks
 
-    if registry.disabled_ids() & {"all", "*", "1"}:
+    if _env.all_disabled():
         return
     hooks.install()
 

