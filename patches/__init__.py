@@ -1,55 +1,40 @@
-"""The patch modules, one per vLLM API delta (or guard), in the order they apply.
+"""The patch modules: one per vLLM API delta, stock-code fix, platform fix, guard or feature.
 
-Each module documents the delta, the versions it covers, how it is detected and when it
-can be removed. Within one target module, later patches wrap earlier ones: the guards come
-last so they see the patched generator. Importing this package imports neither torch nor
-vLLM.
+Every module in this package that defines ``PATCH`` (a :class:`~speculators_compat.registry.Patch`)
+is registered -- adding a delta is adding one file. Within one target module patches apply in
+the order of their declared ``priority`` (then id): later patches wrap earlier ones, so the
+guards (high priorities) see the patched generator. Each module's docstring gives the delta,
+how it is detected, and when it can be removed. Importing this package imports neither torch
+nor vLLM. Shared helpers live in ``_common``; patch modules never import each other.
 """
 
 from __future__ import annotations
 
-from ._common import GENERATOR, WORKER
-from . import (
-    api_inventory,
-    cpu_mem_get_info,
-    cpu_rotary_3d,
-    dtype_option,
-    guard_input,
-    guard_output,
-    offload_captured,
-    report,
-    s04_cpu_mem_get_info,
-    s04_result_order,
-    s04_scheduler_loop,
-    v1_chunked_prefill,
-    v1_engine_config,
-    v1_prefix_caching,
-    v2_scheduler_request,
-    v3_worker_capture,
-    v4_collective_rpc_reply,
-    v5_two_phase_execution,
-)
+import importlib
+import pkgutil
 
-REGISTRY = [
-    api_inventory.PATCH,
-    v1_engine_config.PATCH,
-    v1_prefix_caching.PATCH,
-    v1_chunked_prefill.PATCH,
-    v2_scheduler_request.PATCH,
-    v4_collective_rpc_reply.PATCH,
-    v5_two_phase_execution.PATCH,
-    cpu_mem_get_info.PATCH,
-    dtype_option.PATCH,
-    s04_cpu_mem_get_info.PATCH,
-    s04_scheduler_loop.PATCH,
-    s04_result_order.PATCH,
-    guard_output.PATCH,
-    guard_input.PATCH,
-    report.PATCH,
-    v3_worker_capture.PATCH,
-    cpu_rotary_3d.PATCH,
-    offload_captured.PATCH,
-]
+from ._common import GENERATOR, WORKER
+
+
+def discover() -> list:
+    """Import every public module of this package and return its ``PATCH``es, in order."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        patch = getattr(module, "PATCH", None)
+        if patch is not None:
+            found.append(patch)
+    found.sort(key=lambda p: (p.priority, p.id))
+    ids = [p.id for p in found]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ImportError(f"speculators_compat.patches: duplicate patch ids {duplicates}")
+    return found
+
+
+REGISTRY = discover()
 
 #: where a refused patch stops its target before any heavy work: (class, method)
 ENTRY_POINTS = {
@@ -57,4 +42,4 @@ ENTRY_POINTS = {
     WORKER: ("HiddenStatesWorkerExtension", "_setup_hidden_states_capture"),
 }
 
-__all__ = ["REGISTRY", "ENTRY_POINTS", "GENERATOR", "WORKER"]
+__all__ = ["REGISTRY", "ENTRY_POINTS", "GENERATOR", "WORKER", "discover"]

@@ -1,20 +1,43 @@
-"""Helpers shared by the patch modules (stdlib and wrapt only at import time)."""
+"""Helpers shared by the patch modules (stdlib, wrapt and the engine only at import time).
+
+Patch modules never import each other: what two patches share lives here.
+"""
 
 from __future__ import annotations
 
 import inspect
 from typing import Any
 
-GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
-WORKER = "speculators.data_generation.custom_worker"
+from speculators_compat.registry import Probe
+from speculators_compat.targets import GENERATOR, WORKER
 
-#: speculators releases whose generator/worker these patches were written against
+#: speculators releases whose generator/worker the patches were written against
 SPECULATORS_03 = ">=0.3.0,<0.4"
+#: speculators 0.4.x (vLLM 0.12-0.16), which fixed most API breaks itself
+SPECULATORS_04 = ">=0.4.0,<0.5"
+#: the library's own guards and options serve every speculators release with the generator
+SPECULATORS_ALL = ">=0.3.0,<0.5"
+#: what the guards and options are written for: vLLM 0.11.1 brought the two-phase execution
+#: and the other deltas; on 0.11.0 (what speculators 0.3.0 was written for) nothing of ours
+#: wraps the stock code
+SINCE_TWO_PHASE = ">=0.11.1"
 
-#: vLLM releases the patch set was validated on (base versions; nightlies of 0.16.x included).
-#: 0.11.1 is where the first of the deltas (v2-v5, chunked prefill on by default) appeared;
-#: 0.11.0 has none of them, and there the guards and options stay off.
-VALIDATED_RANGE = ">=0.11.1,<0.17"
+#: where vLLM defines names the stock code does not import itself (the others are found through
+#: the stock generator's and worker's own ``from vllm... import`` lines)
+ELSEWHERE = {
+    "LlamaModel": "vllm.model_executor.models.llama",
+    "RotaryEmbedding": "vllm.model_executor.layers.rotary_embedding.base",
+}
+#: where speculators 0.3.0 imports them from (used when the speculators sources cannot be read)
+STOCK_IMPORTS = {
+    "CacheConfig": "vllm.config",
+    "ModelConfig": "vllm.config",
+    "SchedulerConfig": "vllm.config",
+    "get_kv_cache_config_from_groups": "vllm.v1.core.kv_cache_utils",
+    "Scheduler": "vllm.v1.core.sched.scheduler",
+    "MultiprocExecutor": "vllm.v1.executor.multiproc_executor",
+    "Request": "vllm.v1.request",
+}
 
 
 def params(obj: Any) -> dict[str, inspect.Parameter]:
@@ -22,19 +45,21 @@ def params(obj: Any) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(obj).parameters)
 
 
-#: where the stock generator imports its vLLM names from (read statically by the fast check)
-VLLM_CONFIG = "vllm.config"
-KV_CACHE_UTILS = "vllm.v1.core.kv_cache_utils"
-SCHEDULER = "vllm.v1.core.sched.scheduler"
-EXECUTOR = "vllm.v1.executor.multiproc_executor"
-REQUEST = "vllm.v1.request"
-LLAMA = "vllm.model_executor.models.llama"
-ROTARY = "vllm.model_executor.layers.rotary_embedding.base"
+def vllm_module(view, name: str) -> str:
+    """The vLLM module a name is read from: where the installed stock code imports it."""
+    if name in ELSEWHERE:
+        return ELSEWHERE[name]
+    for target in (GENERATOR, WORKER):
+        for module, imported in view.speculators.imports(target, "vllm"):
+            if imported == name:
+                return module
+    return STOCK_IMPORTS[name]
 
 
-def static_params(view, module: str, name: str, method: str | None = None) -> dict[str, inspect.Parameter]:
-    """The parameters of ``module.name`` (or its ``method``) read from the installed sources;
+def static_params(view, name: str, method: str | None = None) -> dict[str, inspect.Parameter]:
+    """The parameters of the vLLM ``name`` (or its ``method``) read from the installed sources;
     raises ``LookupError`` (an unknown shape) if they cannot be read."""
+    module = vllm_module(view, name)
     what = f"{module}.{name}" + (f".{method}" if method else "")
     return view.require(view.vllm.params(module, name, method), what)
 
@@ -46,10 +71,30 @@ def required(param: inspect.Parameter) -> bool:
     )
 
 
-def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> "Probe":
-    """The probe of a guard or option: the generator class has the methods it wraps."""
-    from speculators_compat.registry import Probe
+def binds(params: dict[str, inspect.Parameter], names, positional: int = 0) -> str | None:
+    """Why a call passing ``positional`` arguments and ``names`` as keywords does not bind to
+    ``params`` (``None``: it binds)."""
+    P = inspect.Parameter
+    ordered = [p for p in params.values() if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    takes_varargs = any(p.kind is P.VAR_POSITIONAL for p in params.values())
+    if positional > len(ordered) and not takes_varargs:
+        return f"takes {len(ordered)} positional arguments but {positional} were given"
+    filled = {p.name for p in ordered[:positional]}
+    takes_any = any(p.kind is P.VAR_KEYWORD for p in params.values())
+    unknown = [n for n in names if not takes_any and (n not in params or params[n].kind is P.POSITIONAL_ONLY)]
+    if unknown:
+        return f"got an unexpected keyword argument {unknown[0]!r}"
+    twice = [n for n in names if n in filled]
+    if twice:
+        return f"got multiple values for argument {twice[0]!r}"
+    missing = [n for n, p in params.items() if required(p) and n not in names and n not in filled]
+    if missing:
+        return f"missing a required argument: {missing[0]!r}"
+    return None
 
+
+def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> Probe:
+    """The probe of a guard or option: the generator class has the methods it wraps."""
     missing = [m for m in methods if m not in found]
     if missing:
         return Probe.unknown(f"VllmHiddenStatesGenerator has no {', '.join(missing)}")
@@ -60,7 +105,13 @@ def generator_patch(what: str, wrappers: dict[str, Any]):
     """``(probe, static_probe, apply)`` of a guard or option that wraps methods of the
     generator class: ``wrappers`` maps each method name to its wrapper, so what the probes
     require is exactly what ``apply`` wraps."""
-    probe, static_probe = generator_probes(what, tuple(wrappers))
+    methods = tuple(wrappers)
+
+    def probe(module) -> Probe:
+        return generator_methods(what, methods, set(vars(module.VllmHiddenStatesGenerator)))
+
+    def static_probe(view) -> Probe:
+        return generator_methods(what, methods, generator_members(view))
 
     def apply(module, patcher) -> None:
         for method, wrapper in wrappers.items():
@@ -69,27 +120,18 @@ def generator_patch(what: str, wrappers: dict[str, Any]):
     return probe, static_probe, apply
 
 
-def generator_probes(what: str, methods: tuple[str, ...]):
-    """``(probe, static_probe)`` of a guard or option that wraps ``methods`` of the generator."""
-
-    def probe(module) -> "Probe":
-        return generator_methods(what, methods, set(vars(module.VllmHiddenStatesGenerator)))
-
-    def static_probe(view) -> "Probe":
-        return generator_methods(what, methods, generator_members(view))
-
-    return probe, static_probe
-
-
 def generate_probes(judge):
     """``(probe, static_probe)`` that pass the source of ``VllmHiddenStatesGenerator.generate``
     (imported, or read from the installed speculators) to ``judge``."""
 
-    def probe(module) -> "Probe":
+    def probe(module) -> Probe:
         return judge(source_of(module.VllmHiddenStatesGenerator.generate))
 
-    def static_probe(view) -> "Probe":
-        return judge(generate_source(view))
+    def static_probe(view) -> Probe:
+        src = view.speculators.source(GENERATOR, "VllmHiddenStatesGenerator", "generate")
+        if not src:
+            raise LookupError(f"cannot read {GENERATOR}.VllmHiddenStatesGenerator.generate from the installed sources")
+        return judge(src)
 
     return probe, static_probe
 
@@ -102,50 +144,9 @@ def generator_members(view) -> set[str]:
     return names
 
 
-def binds(params: dict[str, inspect.Parameter], names) -> str | None:
-    """Why a call passing ``names`` as keywords does not bind to ``params`` (``None``: it binds)."""
-    P = inspect.Parameter
-    takes_any = any(p.kind is P.VAR_KEYWORD for p in params.values())
-    unknown = [n for n in names if not takes_any and (n not in params or params[n].kind is P.POSITIONAL_ONLY)]
-    if unknown:
-        return f"got an unexpected keyword argument {unknown[0]!r}"
-    missing = [n for n, p in params.items() if required(p) and n not in names]
-    if missing:
-        return f"missing a required argument: {missing[0]!r}"
-    return None
-
-
-def qualname(obj: Any) -> str:
-    obj = getattr(obj, "__wrapped__", obj)
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-
-
-def signature_text(obj: Any) -> str:
-    try:
-        return f"{qualname(obj)}{inspect.signature(obj)}"
-    except (TypeError, ValueError):
-        return qualname(obj)
-
-#: speculators 0.4.x (vLLM 0.12-0.16), which fixed most API breaks itself
-SPECULATORS_04 = ">=0.4.0,<0.5"
-
-#: the library's own guards and options serve every speculators release with the generator
-SPECULATORS_ALL = ">=0.3.0,<0.5"
-
-
 def source_of(obj) -> str:
     """The source text of a function or class (read, never executed)."""
-    import inspect
-
     return inspect.getsource(getattr(obj, "__wrapped__", obj))
-
-
-def generate_source(view) -> str:
-    """The source of the installed ``VllmHiddenStatesGenerator.generate`` (read statically)."""
-    src = view.speculators.source(GENERATOR, "VllmHiddenStatesGenerator", "generate")
-    if not src:
-        raise LookupError(f"cannot read {GENERATOR}.VllmHiddenStatesGenerator.generate from the installed sources")
-    return src
 
 
 def platform_memory() -> tuple[int, int]:
@@ -155,3 +156,27 @@ def platform_memory() -> tuple[int, int]:
 
     total = int(current_platform.get_device_total_memory())
     return total, total
+
+
+# -- the scheduler's last idle output: shared by v5 (speculators 0.3) and s04-scheduler-loop ----
+
+#: attribute on the scheduler holding the last idle output that carries finished request ids
+PENDING = "_speculators_compat_idle_output"
+
+
+def remember_idle(scheduler, out):
+    """Keep an output with no tokens but finished request ids: the stock loop stops on it unsent."""
+    if out.total_num_scheduled_tokens == 0 and out.finished_req_ids:
+        setattr(scheduler, PENDING, out)
+    return out
+
+
+def flush_finished(generator) -> None:
+    """Send the scheduler's last idle output (finished request ids) to the workers."""
+    pending = generator.scheduler.__dict__.pop(PENDING, None)
+    if pending is not None:
+        generator.executor.execute_model(pending)
+
+
+def forget_idle(scheduler) -> None:
+    scheduler.__dict__.pop(PENDING, None)

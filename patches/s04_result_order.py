@@ -14,15 +14,14 @@ input at that position.
 Detection: the source of ``generate`` iterates ``sorted(request_id_to_idx...)``; without it,
 not needed.
 
-Covers: speculators 0.4.x on vLLM 0.12.0 - 0.16.x.
 Remove when speculators returns results in input order (deleted generator in 0.5).
 """
 
 from __future__ import annotations
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_probes
+from ._common import GENERATOR, SPECULATORS_04, generate_probes
 
 MARK = "sorted(request_id_to_idx"
 
@@ -58,14 +57,14 @@ PATCH = Patch(
     title="results in input order (speculators 0.4)",
     delta="results sorted by string request id -> input order",
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x)",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.FIX,
+    priority=56,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_04,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="fix",
     upstream="not fixed in speculators 0.4.0.1",
     remove_when="speculators 0.4.x is no longer supported",
 )

@@ -15,7 +15,6 @@ output. ``generate`` is wrapped to send the last abort to the workers after the 
 Detection: the source of ``generate`` has the 0.4 loop (``all_prefill_complete``) and no
 ``update_from_output``.
 
-Covers: speculators 0.4.x on vLLM 0.12.0 - 0.16.x.
 Remove when speculators 0.4.x is no longer supported.
 """
 
@@ -23,10 +22,9 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import GENERATOR, SPECULATORS_04, VALIDATED_RANGE, generate_probes
-from .v5_two_phase_execution import flush_finished, remember_idle
+from ._common import GENERATOR, SPECULATORS_04, flush_finished, generate_probes, remember_idle
 
 
 def _judge(src: str) -> Probe:
@@ -79,14 +77,14 @@ PATCH = Patch(
     title="free prefilled slots (speculators 0.4)",
     delta="loop without update_from_output keeps prefilled requests in their slots -> only max_num_seqs captured",
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x) / vllm Scheduler.schedule",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.FIX,
+    priority=55,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_04,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="fix",
     upstream="not fixed in speculators 0.4.0.1",
     remove_when="speculators 0.4.x is no longer supported",
 )

@@ -14,17 +14,15 @@ the step loses nothing; the remaining prompts run in the next steps, in order.
 Detection: ``SchedulerConfig(enable_chunked_prefill=)`` defaults to ``True`` (0.11.0: ``None``,
 i.e. off: delta absent; no such parameter: refused).
 
-Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x.
 Remove when speculators 0.3.x is no longer supported.
 """
 
 from __future__ import annotations
 
-from speculators_compat.registry import Patch, Probe
-
+from speculators_compat.registry import Edit, Kind, Patch, Probe, Side
 from speculators_compat.sources import render
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_RANGE, VLLM_CONFIG, params, static_params
+from ._common import GENERATOR, SPECULATORS_03, params, static_params
 
 
 def _judge(p) -> Probe:
@@ -42,7 +40,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    return _judge(static_params(view, VLLM_CONFIG, "SchedulerConfig"))
+    return _judge(static_params(view, "SchedulerConfig"))
 
 
 def _scheduler_config(wrapped, instance, args, kwargs):
@@ -59,14 +57,15 @@ PATCH = Patch(
     title="chunked prefill off",
     delta="stock loop aborts requests after one step; chunked prefill splits prompts across steps",
     api="vllm.config.SchedulerConfig(enable_chunked_prefill=)",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.FIX,
+    priority=12,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    kind="fix",
+    calls={"SchedulerConfig": Edit(add=("enable_chunked_prefill",))},
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

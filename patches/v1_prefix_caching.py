@@ -14,17 +14,15 @@ How: the ``CacheConfig`` name in the generator module is wrapped to pass
 Detection: the default of ``CacheConfig(enable_prefix_caching=)``: ``True`` -> applies,
 ``None``/``False`` -> not needed, parameter missing -> refused.
 
-Covers: vLLM 0.12.0 - 0.16.x with speculators 0.3.x (0.11.x defaults to None: probed as old).
 Remove when speculators 0.3.x is no longer supported (0.4.0 sets it itself).
 """
 
 from __future__ import annotations
 
-from speculators_compat.registry import Patch, Probe
-
+from speculators_compat.registry import Edit, Kind, Patch, Probe, Side
 from speculators_compat.sources import render
 
-from ._common import GENERATOR, SPECULATORS_03, VALIDATED_RANGE, VLLM_CONFIG, params, static_params
+from ._common import GENERATOR, SPECULATORS_03, params, static_params
 
 
 def _judge(p) -> Probe:
@@ -41,7 +39,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    return _judge(static_params(view, VLLM_CONFIG, "CacheConfig"))
+    return _judge(static_params(view, "CacheConfig"))
 
 
 def _cache_config(wrapped, instance, args, kwargs):
@@ -58,13 +56,15 @@ PATCH = Patch(
     title="prefix caching off",
     delta="CacheConfig.enable_prefix_caching default None -> True",
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.DELTA,
+    priority=11,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
+    calls={"CacheConfig": Edit(add=("enable_prefix_caching",))},
     upstream="speculators 0.4.0 disables prefix caching in its CacheConfig",
     remove_when="speculators 0.3.x is no longer supported",
 )

@@ -21,9 +21,8 @@ configured by the stock generator) is refused with a clear error.
 Detection: vLLM's reference dense base model ``LlamaModel`` has ``embed_input_ids`` and no
 ``get_input_embeddings`` (new), or still has ``get_input_embeddings`` (old).
 
-Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x, in every worker process (reached
-through the ``vllm.general_plugins`` entry point, see ``speculators_compat.plugin``).
-Remove when speculators 0.3.x is no longer supported.
+Applied in every worker process (reached through the ``vllm.general_plugins`` entry point,
+see ``speculators_compat.plugin``). Remove when speculators 0.3.x is no longer supported.
 """
 
 from __future__ import annotations
@@ -32,9 +31,9 @@ import functools
 import logging
 
 from speculators_compat.errors import IncompatibleVllmError, InvalidInputError
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import LLAMA, SPECULATORS_03, VALIDATED_RANGE, WORKER
+from ._common import SPECULATORS_03, WORKER, vllm_module
 
 log = logging.getLogger("speculators_compat")
 
@@ -49,9 +48,10 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.vllm.mro(LLAMA, "LlamaModel"):
-        raise LookupError(f"cannot read {LLAMA}.LlamaModel from the installed sources")
-    return _judge(view.vllm.members(LLAMA, "LlamaModel"))
+    module = vllm_module(view, "LlamaModel")
+    if not view.vllm.mro(module, "LlamaModel"):
+        raise LookupError(f"cannot read {module}.LlamaModel from the installed sources")
+    return _judge(view.vllm.members(module, "LlamaModel"))
 
 
 def _judge(names) -> Probe:
@@ -144,9 +144,11 @@ PATCH = Patch(
     title="worker capture via decoder-layer hooks",
     delta="base model get_input_embeddings -> embed_input_ids; base model path; decoder-layer arguments",
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
-    side="worker",
+    side=Side.WORKER,
+    kind=Kind.DELTA,
+    priority=30,
+    family="capture",
     target=WORKER,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,

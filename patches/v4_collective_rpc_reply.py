@@ -17,7 +17,6 @@ Detection: the ``collective_rpc`` docstring states the single-result contract (0
 ``unique_reply_rank`` without it is the old list contract; no ``unique_reply_rank`` is
 refused.
 
-Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x.
 Remove when speculators 0.3.x is no longer supported (0.4.0 drops the ``[0]``).
 """
 
@@ -26,11 +25,10 @@ from __future__ import annotations
 import wrapt
 
 from speculators_compat.errors import CaptureContractError
-from speculators_compat.registry import Patch, Probe
-
+from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.sources import render
 
-from ._common import EXECUTOR, GENERATOR, SPECULATORS_03, VALIDATED_RANGE, params, static_params
+from ._common import GENERATOR, SPECULATORS_03, params, static_params, vllm_module
 
 CONTRACT = "Returns single result if unique_reply_rank"
 
@@ -51,8 +49,8 @@ def probe(module) -> Probe:
 
 def static_probe(view) -> Probe:
     return _judge(
-        static_params(view, EXECUTOR, "MultiprocExecutor", "collective_rpc"),
-        view.vllm.docstring(EXECUTOR, "MultiprocExecutor", "collective_rpc"),
+        static_params(view, "MultiprocExecutor", "collective_rpc"),
+        view.vllm.docstring(vllm_module(view, "MultiprocExecutor"), "MultiprocExecutor", "collective_rpc"),
     )
 
 
@@ -91,9 +89,10 @@ PATCH = Patch(
     title="collective_rpc unique reply",
     delta="collective_rpc(unique_reply_rank=r): [reply] -> reply",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.collective_rpc",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.DELTA,
+    priority=40,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,

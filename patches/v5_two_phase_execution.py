@@ -23,7 +23,6 @@ field exists.
 
 Detection: ``MultiprocExecutor.sample_tokens`` exists (new) or not (old).
 
-Covers: vLLM 0.11.1 - 0.16.x with speculators 0.3.x.
 Remove when speculators 0.3.x is no longer supported.
 """
 
@@ -31,11 +30,9 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.registry import Patch, Probe
+from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import EXECUTOR, GENERATOR, SPECULATORS_03, VALIDATED_RANGE, params
-
-PENDING = "_speculators_compat_idle_output"
+from ._common import GENERATOR, SPECULATORS_03, flush_finished, params, remember_idle, vllm_module
 
 
 def _judge(has_sample_tokens: bool) -> Probe:
@@ -49,9 +46,10 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.vllm.mro(EXECUTOR, "MultiprocExecutor"):
-        raise LookupError(f"cannot read {EXECUTOR}.MultiprocExecutor from the installed sources")
-    return _judge("sample_tokens" in view.vllm.members(EXECUTOR, "MultiprocExecutor"))
+    module = vllm_module(view, "MultiprocExecutor")
+    if not view.vllm.mro(module, "MultiprocExecutor"):
+        raise LookupError(f"cannot read {module}.MultiprocExecutor from the installed sources")
+    return _judge("sample_tokens" in view.vllm.members(module, "MultiprocExecutor"))
 
 
 class TwoPhaseExecutor(wrapt.ObjectProxy):
@@ -68,13 +66,6 @@ def _executor(wrapped, instance, args, kwargs):
     return TwoPhaseExecutor(wrapped(*args, **kwargs))
 
 
-def remember_idle(scheduler, out):
-    """Keep an output with no tokens but finished request ids: the loop stops on it unsent."""
-    if out.total_num_scheduled_tokens == 0 and out.finished_req_ids:
-        setattr(scheduler, PENDING, out)
-    return out
-
-
 def _remember_idle(wrapped, instance, args, kwargs):
     return remember_idle(wrapped.__self__, wrapped(*args, **kwargs))
 
@@ -88,14 +79,6 @@ def _scheduler(wrapped, instance, args, kwargs):
 def _scheduler_config(wrapped, instance, args, kwargs):
     kwargs.setdefault("async_scheduling", False)
     return wrapped(*args, **kwargs)
-
-
-def flush_finished(generator) -> None:
-    """Send the scheduler's last idle output (finished request ids) to the workers."""
-    scheduler = generator.scheduler
-    pending = scheduler.__dict__.pop(PENDING, None)
-    if pending is not None:
-        generator.executor.execute_model(pending)
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -118,9 +101,10 @@ PATCH = Patch(
     title="two-phase execution and finished requests",
     delta="execute_model() -> None + sample_tokens(); finished_req_ids never reach workers",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens",
-    side="driver",
+    side=Side.DRIVER,
+    kind=Kind.DELTA,
+    priority=50,
     target=GENERATOR,
-    vllm=VALIDATED_RANGE,
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,
