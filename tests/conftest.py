@@ -1,6 +1,46 @@
+"""Shared fixtures, and the validation record a matrix run writes.
+
+With ``SPECULATORS_COMPAT_RECORD=DIR`` (a validation run of the matrix, see tests/matrix.py), the
+end-to-end tests feed ``recorder.RUN`` with what every full-shim scenario run applied (in the driver
+and in the workers), on which model, at which tensor-parallel size and how close to HF fp32;
+when the whole session passed, ``pytest_sessionfinish`` writes it into DIR as one validation run.
+"""
+
+from __future__ import annotations
+
 import pytest
 
-from speculators_compat import hooks
+from speculators_compat import _env, hooks
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from recorder import RUN
+
+    folder = _env.record_dir()
+    if not folder or exitstatus != 0 or not RUN["applied"]:
+        return
+    import matrix
+
+    from speculators_compat import validation, versions
+
+    env = matrix.current()
+    transformers = versions.installed("transformers")
+    torch = versions.installed("torch")
+    path = validation.write_run(folder, {
+        "env": env.name if env else "",
+        "vllm": str(versions.vllm().base),
+        "vllm_version": str(versions.vllm().version),
+        "speculators": str(versions.speculators().version),
+        "transformers": str(transformers.version) if transformers else None,
+        "transformers_line": env.transformers_line if env else "4",
+        "torch": str(torch.version) if torch else None,
+        "platform": "cpu",
+        "applied": sorted(RUN["applied"]),
+        "models": sorted(RUN["models"]),
+        "tp": sorted(RUN["tp"]),
+        "max_abs_diff": {m: float(f"{d:.3g}") for m, d in sorted(RUN["max_abs_diff"].items())},
+    })
+    print(f"\nvalidation run written to {path}")
 
 
 @pytest.fixture

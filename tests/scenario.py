@@ -123,7 +123,8 @@ def main() -> int:
         holder["gen"] = VllmHiddenStatesGenerator(
             args.model, layer_ids=LAYERS, max_model_len=2048, tensor_parallel_size=args.tp, **extra
         )
-        return {"applied": speculators_compat.applied_ids()}
+        workers = holder["gen"].executor.collective_rpc(lambda self: __import__("speculators_compat").applied_ids())
+        return {"applied": speculators_compat.applied_ids(), "workers": workers}
 
     rng = random.Random(1234)
     lengths = [1, 2, 3, 17, 299, 300] + [rng.randint(1, 300) for _ in range(36)]

