@@ -413,3 +413,55 @@ def test_static_check_imports_neither_torch_nor_vllm(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     covered, n_apis, imported = out.stdout.split(maxsplit=2)
     assert imported.strip() == "[]" and int(n_apis) >= 20
+
+
+CONTRACT = r"""
+import os, sys
+os.environ["SPECULATORS_COMPAT_DISABLE"] = "all"
+import speculators_compat
+from speculators_compat import hooks
+from speculators_compat.patches import REGISTRY
+import importlib
+targets = {p.target for p in REGISTRY}
+mods = {t: importlib.import_module(t) for t in sorted(targets)}
+import torch
+from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+def snapshot():
+    out = {}
+    for name, mod in mods.items():
+        out.update({(name, k): id(v) for k, v in vars(mod).items()})
+        for cls in ("VllmHiddenStatesGenerator", "HiddenStatesWorkerExtension"):
+            if hasattr(mod, cls):
+                out.update({(name, cls, k): id(v) for k, v in vars(getattr(mod, cls)).items()})
+    out["mem_get_info"] = id(torch.cuda.mem_get_info)
+    out["forward_cpu"] = id(vars(RotaryEmbedding)["forward_cpu"])
+    return out
+
+before = snapshot()
+os.environ["SPECULATORS_COMPAT_DISABLE"] = ""
+speculators_compat.apply()
+applied = hooks.applied_ids()
+during = snapshot()
+speculators_compat.reset()
+after = snapshot()
+import json
+print(json.dumps({"applied": sorted(applied), "changed": sum(before[k] != during.get(k) for k in before),
+                  "restored": before == after}))
+"""
+
+
+@suite_is("full")
+def test_every_applied_patch_is_undone_by_reset(tmp_path):
+    """Contract over the whole registry on the real modules: applying changes the targets, and
+    ``reset()`` puts back every attribute it replaced (LIFO undo of every patch)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    env["SPECULATORS_COMPAT_DTYPE"] = "float32"
+    proc = subprocess.run([sys.executable, "-c", CONTRACT], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["changed"] > 5 and result["restored"] is True, result
+    want = expected_applied()
+    if want is not None:
+        assert set(result["applied"]) == want
