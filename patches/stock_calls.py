@@ -58,7 +58,8 @@ def _judge(calls: list[Call], signature_of, prior) -> Probe:
         why = binds(sig, keywords, call.positional)
         if why:
             edited = f" as edited by {', '.join(by)}" if by else ""
-            broken.append(f"{call.text()} (line {call.line}){edited}: {why}")
+            where = call.where.rsplit(".", 1)[-1]
+            broken.append(f"{call.text()} ({where}.py line {call.line}){edited}: {why}")
     if broken:
         return Probe.unknown("stock call does not bind: " + "; ".join(broken), Cause.CALL_DOES_NOT_BIND)
     text = f"{len(calls) - len(unchecked)} stock calls into vLLM bind"

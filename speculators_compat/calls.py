@@ -8,8 +8,9 @@ loaded (up to 20 minutes). The ``stock-calls`` preflight check binds every call 
 installed signature, statically (from the vLLM sources) or at runtime (``inspect``), and refuses
 before the weight load when one does not bind.
 
-Calls are found with ``ast``: calls of names the generator module imports from vLLM, and calls
-of methods on ``self.executor`` (a ``MultiprocExecutor``) and ``self.scheduler`` (a ``Scheduler``).
+Calls are found with ``ast``: calls of names the generator and worker modules import from vLLM,
+and the generator's calls of methods on ``self.executor`` (a ``MultiprocExecutor``) and
+``self.scheduler`` (a ``Scheduler``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from .targets import GENERATOR
+from .targets import GENERATOR, WORKER
 
 __all__ = ["Call", "stock_calls", "RECEIVERS"]
 
@@ -34,6 +35,8 @@ class Call:
     positional: int
     keywords: tuple[str, ...]
     line: int
+    #: the stock module the call is in
+    where: str = GENERATOR
 
     @property
     def cls(self) -> str:
@@ -56,12 +59,19 @@ def _receiver(node: ast.AST) -> str | None:
 
 
 def stock_calls(view) -> list[Call]:
-    """The distinct vLLM calls of the installed stock generator (first occurrence of each shape)."""
-    src = view.speculators
-    tree = src.tree(GENERATOR)
+    """The distinct vLLM calls of the installed stock generator and worker extension (first
+    occurrence of each shape), generator first."""
+    out: dict[tuple, Call] = {}
+    for target in (GENERATOR, WORKER):
+        out.update((key, call) for key, call in _calls(view.speculators, target).items() if key not in out)
+    return list(out.values())
+
+
+def _calls(src, target: str) -> dict[tuple, Call]:
+    tree = src.tree(target)
     if tree is None:
-        return []
-    imported = {name: module for module, name in src.imports(GENERATOR, "vllm")}
+        return {}
+    imported = {name: module for module, name in src.imports(target, "vllm")}
     classes = {cls: imported.get(cls, "") for cls in RECEIVERS.values()}
     out: dict[tuple, Call] = {}
     for node in ast.walk(tree):
@@ -70,7 +80,7 @@ def stock_calls(view) -> list[Call]:
         func = node.func
         if isinstance(func, ast.Name) and func.id in imported:
             name, module = func.id, imported[func.id]
-        elif isinstance(func, ast.Attribute) and _receiver(func.value):
+        elif target == GENERATOR and isinstance(func, ast.Attribute) and _receiver(func.value):
             cls = RECEIVERS[_receiver(func.value)]
             name, module = f"{cls}.{func.attr}", classes[cls]
         else:
@@ -79,5 +89,5 @@ def stock_calls(view) -> list[Call]:
             continue  # *args / **kwargs: nothing to bind statically
         keywords = tuple(k.arg for k in node.keywords)
         key = (name, len(node.args), keywords)
-        out.setdefault(key, Call(name, module, len(node.args), keywords, node.lineno))
-    return sorted(out.values(), key=lambda c: c.line)
+        out.setdefault(key, Call(name, module, len(node.args), keywords, node.lineno, target))
+    return dict(sorted(out.items(), key=lambda kv: kv[1].line))

@@ -479,7 +479,8 @@ def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
     assert ok.shape.value == "new" and "2 stock calls into vLLM bind (SamplingParams: no readable signature)" in ok.evidence
     broken = _judge(calls, lambda c: signatures[c.name], applies[:1])
     assert broken.shape.value == "unknown" and broken.cause is Cause.CALL_DOES_NOT_BIND
-    assert "Request(rid=…, eos=…) (line 20): got an unexpected keyword argument 'eos'" in broken.evidence
+    assert ("Request(rid=…, eos=…) (vllm_hidden_states_generator.py line 20): got an unexpected keyword "
+            "argument 'eos'") in broken.evidence
 
 
 def test_stock_calls_are_read_from_the_generator_source(tmp_path):
