@@ -254,6 +254,35 @@ def merge(release: str, shapes: dict[str, str], path: str = KNOWN_FILE) -> None:
         fh.write("\n")
 
 
+def merge_tables(other: str, path: str = KNOWN_FILE) -> list[str]:
+    """Merge another recorded table (``known_apis.json`` written elsewhere) into ``path``; a
+    release recorded in both must have the same shapes. Returns the releases of the result."""
+    from packaging.version import Version
+
+    tables = []
+    for name in (path, other):
+        with open(name, encoding="utf-8") as fh:
+            tables.append(json.load(fh))
+    apis: dict[str, dict[str, set[str]]] = {}
+    for table in tables:
+        for api, shapes in table["apis"].items():
+            for sig, rels in shapes.items():
+                apis.setdefault(api, {}).setdefault(sig, set()).update(rels)
+    for api, shapes in apis.items():
+        seen: dict[str, str] = {}
+        for sig, rels in shapes.items():
+            for rel in rels:
+                if seen.setdefault(rel, sig) != sig:
+                    raise ValueError(f"{api}: vLLM {rel} recorded as {seen[rel]} and as {sig}")
+    releases = sorted({r for t in tables for r in t["releases"]}, key=Version)
+    data = {"releases": releases,
+            "apis": {api: {sig: sorted(rels, key=Version) for sig, rels in shapes.items()} for api, shapes in apis.items()}}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    return releases
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -262,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", help="read vLLM from this folder (an unpacked wheel's vllm/) instead")
     ap.add_argument("--release", help="the release name to record (default: the installed vLLM's base version)")
     ap.add_argument("--out", default=KNOWN_FILE)
+    ap.add_argument("--merge", metavar="TABLE", help="merge a table recorded elsewhere into --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        releases = merge_tables(args.merge, args.out)
+        print(f"{args.out} now holds vLLM {', '.join(releases)}")
+        return 0
     view = StaticView(vllm=Sources("vllm", args.root) if args.root else None, cpu=False)
     if args.record:
         from . import versions
