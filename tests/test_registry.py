@@ -397,11 +397,17 @@ def test_patches_are_discovered_and_ordered_by_priority():
 def test_patch_modules_do_not_import_each_other():
     folder = os.path.join(ROOT, "patches")
     names = {f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_")}
+    import ast
+
     for name in names:
         with open(os.path.join(folder, f"{name}.py"), encoding="utf-8") as fh:
-            text = fh.read()
-        for other in names - {name}:
-            assert f"from .{other} import" not in text and f"import {other}" not in text, (name, other)
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                sibling = module if node.level == 1 else module.removeprefix("speculators_compat.patches.")
+                imported = {sibling} | ({a.name for a in node.names} if node.level == 1 and not module else set())
+                assert not (imported & (names - {name})), (name, module, [a.name for a in node.names])
 
 
 def test_every_registered_patch_is_documented():
