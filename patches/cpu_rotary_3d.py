@@ -13,11 +13,15 @@ module's own pure-PyTorch ``forward_native`` (which handles that layout), otherw
 kernel as before. Subclasses that define their own ``forward_cpu`` are untouched.
 
 Detection: vLLM's current platform is the CPU and ``RotaryEmbedding.forward_cpu`` calls the
-``ops.rotary_embedding`` kernel; on other platforms, or if the kernel call is gone, not
-needed. Applied in the worker processes only (they run the model), and only where the
-speculators worker extension is imported.
+``ops.rotary_embedding`` kernel (0.14 and later), or is ``CustomOp.forward_cpu`` running
+``forward_cuda``, which calls it (0.11.x - 0.13.x: every custom op runs its CUDA path on the
+CPU there; measured on 0.13.0: the kernel mis-rotates 3-D views by up to ~7); on other
+platforms, or if the kernel call is gone, not needed. Applied in the worker processes only
+(they run the model), and only where the speculators worker extension is imported. Not on
+0.11.0, where the stock worker extension rejects DeepSeek-architecture models itself
+(``supports_eagle3``).
 
-On the vLLM CPU platform (the kernel path exists from 0.14). Remove when vLLM's CPU rotary kernel handles 3-D queries (or the non-MLA DeepSeek path
+Remove when vLLM's CPU rotary kernel handles 3-D queries (or the non-MLA DeepSeek path
 flattens them).
 """
 
@@ -27,7 +31,7 @@ import inspect
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import SPECULATORS_ALL, WORKER, vllm_module
+from ._common import SINCE_TWO_PHASE, SPECULATORS_ALL, WORKER, vllm_module
 
 
 def _rotary():
@@ -41,23 +45,29 @@ def probe(module) -> Probe:
 
     if not current_platform.is_cpu():
         return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    return _judge(inspect.getsource(_rotary().forward_cpu))
+    rotary = _rotary()
+    return _judge(inspect.getsource(rotary.forward_cpu), inspect.getsource(rotary.forward_cuda))
 
 
 def static_probe(view) -> Probe:
     if not view.cpu:
         return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
     module = vllm_module(view, "RotaryEmbedding")
-    source = view.vllm.source(module, "RotaryEmbedding", "forward_cpu")
-    if not source:
+    sources = [view.vllm.source(module, "RotaryEmbedding", m) for m in ("forward_cpu", "forward_cuda")]
+    if not sources[0]:
         raise LookupError(f"cannot read {module}.RotaryEmbedding.forward_cpu from the installed sources")
-    return _judge(source)
+    return _judge(*sources)
 
 
-def _judge(source: str) -> Probe:
-    if "ops.rotary_embedding" in source:
+def _judge(forward_cpu: str, forward_cuda: str) -> Probe:
+    if "ops.rotary_embedding" in forward_cpu:
         return Probe.new("CPU platform; RotaryEmbedding.forward_cpu calls the ops.rotary_embedding kernel")
-    return Probe.old("RotaryEmbedding.forward_cpu does not call the ops.rotary_embedding kernel")
+    if "self.forward_cuda(" in forward_cpu and "ops.rotary_embedding" in forward_cuda:
+        # 0.11-0.13: CustomOp.forward_cpu runs forward_cuda, which calls the same kernel
+        return Probe.new(
+            "CPU platform; RotaryEmbedding.forward_cpu runs forward_cuda, which calls the ops.rotary_embedding kernel"
+        )
+    return Probe.old("RotaryEmbedding.forward_cpu does not reach the ops.rotary_embedding kernel")
 
 
 def _forward_cpu(wrapped, instance, args, kwargs):
@@ -81,6 +91,7 @@ PATCH = Patch(
     kind=Kind.PLATFORM,
     priority=70,
     target=WORKER,
+    vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

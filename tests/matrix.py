@@ -54,6 +54,8 @@ class Env:
     preload: tuple[str, ...] = field(default_factory=tuple)
     #: Debian packages the environment needs (installed by its commands_pre)
     system: tuple[str, ...] = field(default_factory=tuple)
+    #: a command the test run goes through (tox substitutions allowed)
+    wrap: str = ""
 
     @property
     def base(self) -> str:
@@ -89,7 +91,7 @@ def load(path: str = TABLE) -> tuple[dict, list[Env]]:
                 datasets=merged["datasets"], suite=merged["suite"], models=tuple(merged["models"]),
                 tp2=bool(merged["tp2"]), ci=bool(merged["ci"]), note=merged.get("note", ""),
                 extra=tuple(merged.get("extra", ())), preload=tuple(merged.get("preload", ())),
-                system=tuple(merged.get("system", ())),
+                system=tuple(merged.get("system", ())), wrap=merged.get("wrap", ""),
             )
         )
     return data, envs
@@ -184,7 +186,11 @@ def _tox_section(env: Env) -> str:
     lines.append(f"deps = -r tests{{/}}requirements{{/}}{env.name}.txt")
     if env.system:
         lines.append(f"commands_pre = python {{tox_root}}{{/}}tests{{/}}matrix.py system {' '.join(env.system)}")
-    lines += ["commands = pytest -q -p no:cacheprovider -rA --timeout 1800 tests {posargs}", ""]
+    pytest = "pytest -q -p no:cacheprovider -rA --timeout 1800 tests {posargs}"
+    if env.wrap:  # the wrapper runs `python ARGS`: give it the env's pytest script
+        pytest = f"{env.wrap} {{env_bin_dir}}{{/}}{pytest}"
+        lines.append(f"allowlist_externals = {env.wrap.split()[0]}")
+    lines += [f"commands = {pytest}", ""]
     return "\n".join(lines)
 
 

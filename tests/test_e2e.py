@@ -40,6 +40,31 @@ suite_is = matrix.suite_is
 ALL_STEPS = ["layers", "start", "mixed", "repeat", "chunked", "leak", "badinput", "overlong", "prefix", "soak"]
 SHAPE_STEPS = ["start", "mixed", "repeat", "chunked", "leak", "prefix"]
 
+def _probed_new() -> set[str]:
+    """The patches whose probe finds their delta on this install (from the sources, as a
+    validation run would see them): where a patch-specific test makes sense."""
+    import dataclasses
+
+    from speculators_compat import hooks
+    from speculators_compat.registry import Status, context, evaluate_all
+    from speculators_compat.sources import StaticView
+
+    ctx = dataclasses.replace(context(), recording=True)
+    view = StaticView()
+    out = set()
+    for target in dict.fromkeys(p.target for p in hooks.patches()):
+        decisions = evaluate_all([p for p in hooks.patches() if p.target == target], view=view, ctx=ctx)
+        out |= {d.patch.id for d in decisions if d.status is Status.APPLIES}
+    return out
+
+
+PROBED_NEW = _probed_new()
+
+
+def where_delta(pid):
+    return pytest.mark.skipif(pid not in PROBED_NEW, reason=f"{pid}: its delta is not on this release")
+
+
 # vLLM has no CPU backend for MLA: its non-MLA path runs the same weights.
 MODEL_ENV = {"deepseek_v3": {"VLLM_MLA_DISABLE": "1"}}
 HIDDEN = {"llama": 128, "qwen3": 96, "deepseek_v3": 128}
@@ -177,6 +202,15 @@ def test_stock_generator_fails_without_the_shim(model, tmp_path):
     assert failed, "the stock code ran unpatched: a patch would not be needed here"
     if RELEASE >= Version("0.12"):
         assert "is_encoder_decoder" in failed["start"]
+        return
+    # 0.11.1/0.11.2: with nothing patched the CPU build fails first in torch.cuda.mem_get_info
+    # (no GPU, not a vLLM delta); with only that stand-in, on the Scheduler's new block_size
+    from speculators_compat.patches import REGISTRY
+
+    assert "NVIDIA driver" in failed["start"]
+    others = ",".join(p.id for p in REGISTRY if p.id != "cpu-mem-get-info")
+    report = scenario(model, tmp_path, disable=others, steps=["start"])
+    assert "block_size" in failures(report)["start"]
 
 
 @suite_is("full")
@@ -185,6 +219,35 @@ def test_deepseek_v3_on_cpu_needs_the_rotary_patch(build, tmp_path):
     report = scenario(build("deepseek_v3"), tmp_path, disable="cpu-rotary-3d", steps=["start", "mixed"],
                       extra_env=MODEL_ENV["deepseek_v3"])
     assert "max abs diff against HF fp32" in failures(report).get("mixed", "")
+
+
+@suite_is("full", "release")
+@where_delta("cpu-rms-norm-strided")
+@pytest.mark.skipif("qwen3" not in MODELS, reason="no Qwen3 in this environment")
+def test_qwen3_on_cpu_needs_the_rms_norm_patch(build, tmp_path):
+    # measured on 0.12.0 / 0.13.0: position 0 exact, later positions off by up to ~0.2
+    report = scenario(build("qwen3"), tmp_path, disable="cpu-rms-norm-strided", steps=["start", "mixed"])
+    assert "max abs diff against HF fp32" in failures(report).get("mixed", "")
+
+
+@suite_is("full", "release")
+@where_delta("cpu-rms-norm-strided")
+def test_cpu_rms_norm_kernel_ignores_row_strides():
+    """What the patch works around, measured on the kernel itself: a strided view gives other
+    rows than the same values made contiguous (0.0 once vLLM fixes its CPU kernel)."""
+    from speculators_compat.patches.cpu_rms_norm_strided import kernel_error
+
+    assert kernel_error() > 0.1
+
+
+@suite_is("full", "release")
+@where_delta("cpu-moe-activation")
+@pytest.mark.skipif("deepseek_v3" not in MODELS, reason="no DeepSeek-V3 in this environment")
+def test_deepseek_v3_on_cpu_needs_the_moe_activation_patch(build, tmp_path):
+    # vLLM 0.14's CPU fused MoE builds SiluAndMul() in the first forward (warm-up), outside the config
+    report = scenario(build("deepseek_v3"), tmp_path, disable="cpu-moe-activation", steps=["start"],
+                      extra_env=MODEL_ENV["deepseek_v3"])
+    assert "Current vLLM config is not set" in failures(report, trace=True).get("start", "")
 
 
 # For each patch: the step that fails when that patch alone is disabled (with the preflight's
@@ -214,6 +277,22 @@ NEEDED = {
 def test_each_patch_is_needed(model, tmp_path, disable):
     report = scenario(model, tmp_path, disable=disable + ",stock-calls")
     assert_breaks(report, disable, *NEEDED[disable])
+
+
+# Deltas of releases after 0.16: shown necessary wherever their probe finds them (with the
+# preflight's stock-calls check off, so the stock code's own failure shows).
+NEEDED_WHERE = {
+    "v6": ("mixed", "unexpected keyword argument 'eos_token_id'"),
+}
+
+
+@suite_is("full", "release", "spec04")
+@pytest.mark.parametrize("pid", sorted(NEEDED_WHERE))
+def test_each_later_delta_is_needed_where_it_exists(model, tmp_path, pid):
+    if pid not in PROBED_NEW:
+        pytest.skip(f"{pid}: its delta is not on this release")
+    report = scenario(model, tmp_path, disable=pid + ",stock-calls", steps=["start", "mixed"])
+    assert_breaks(report, pid, *NEEDED_WHERE[pid])
 
 
 def assert_breaks(report, disable, step, fragment):
@@ -255,12 +334,15 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 def test_every_patch_is_shown_necessary():
     from speculators_compat.patches import REGISTRY
 
+    # cpu-rms-norm-strided: test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0);
+    # cpu-moe-activation: test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x);
     # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines asserted
     # in test_stock_generator_runs_correctly_with_the_shim; validated-release, api-inventory and
     # stock-calls: tests/test_preflight.py; offload-captured: not needed on the CPU, its copy is
     # unit-tested in tests/test_offload.py
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
-        "cpu-rotary-3d", "report", "validated-release", "api-inventory", "stock-calls", "offload-captured"}
+        "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "report", "validated-release",
+        "api-inventory", "stock-calls", "offload-captured"} | set(NEEDED_WHERE)
     assert {p.id for p in REGISTRY} <= shown
 
 
