@@ -21,6 +21,8 @@ Remove: never; it is the engine's own check.
 
 from __future__ import annotations
 
+import importlib
+
 from speculators_compat.calls import Call, stock_calls
 from speculators_compat.registry import Cause, Kind, Patch, Probe, Side, Status
 
@@ -68,7 +70,10 @@ def _judge(calls: list[Call], signature_of, prior) -> Probe:
 
 def _runtime_signature(module):
     def signature_of(call: Call):
-        obj = getattr(module, call.cls)
+        # a call of the worker extension: its name is looked up where the worker imports it from
+        # (the generator module does not import get_pp_group & co.)
+        owner = module if call.where == GENERATOR or not call.module else importlib.import_module(call.module)
+        obj = getattr(owner, call.cls)
         if call.method:
             obj = getattr(obj, call.method)
         try:
