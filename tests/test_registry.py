@@ -623,3 +623,16 @@ def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path
         assert out[row].split()[1] in {"applies", "not", "refused", "disabled"}, out[row]
         assert out[row + 1].split(None, 1) == ["delta", patch.delta], out[row + 1]
     assert out[-1] in {"covered: yes", "covered: NO"}
+
+
+def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
+    from speculators_compat.calls import Call
+    from speculators_compat.patches.stock_calls import _runtime_signature
+    from speculators_compat.targets import GENERATOR, WORKER
+
+    generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
+    generator.Scheduler = lambda vllm_config, block_size: None
+    signature_of = _runtime_signature(generator)
+    assert list(signature_of(Call("dumps", "json", 1, (), 3, WORKER)))[0] == "obj"
+    assert list(signature_of(Call("Scheduler", "vllm.v1.core.sched.scheduler", 0, (), 5, GENERATOR))) == [
+        "vllm_config", "block_size"]
