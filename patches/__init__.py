@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ._common import GENERATOR, WORKER
+from ._common import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 
 def discover() -> list:
@@ -42,4 +42,8 @@ ENTRY_POINTS = {
     WORKER: ("HiddenStatesWorkerExtension", "_setup_hidden_states_capture"),
 }
 
-__all__ = ["REGISTRY", "ENTRY_POINTS", "GENERATOR", "WORKER", "discover"]
+#: targets imported while ``import speculators`` runs, with no entry point to stop: a refused
+#: patch there fails that import with the refusal (instead of the foreign traceback that follows)
+REFUSE_AT_IMPORT = frozenset({SPECULATORS_UTILS, SPECULATORS_CONFIG})
+
+__all__ = ["REGISTRY", "ENTRY_POINTS", "REFUSE_AT_IMPORT", "GENERATOR", "WORKER", "discover"]

