@@ -60,6 +60,12 @@ def worker_info(worker):
         elif qm is not None and "Unquantized" not in type(qm).__name__:
             quant.add(f"{type(m).__name__}: {type(qm).__name__}")
     info = {"attention": sorted(attn), "moe": sorted(moe), "quantized_linear": sorted(quant)}
+    try:
+        import speculators_compat
+
+        info["applied"] = speculators_compat.applied_ids()  # the worker-side patches
+    except ImportError as exc:
+        info["applied"] = f"speculators_compat not importable: {exc}"
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
         info.update(

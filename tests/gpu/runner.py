@@ -138,6 +138,10 @@ def main() -> int:
         results["figures"] = figures
         results["tests"] = [c for f in sorted((common.ROOT / "junit").glob("*.xml")) for c in parse_junit(f)]
         results["summary"] = summarize(results)
+        run = validation_run(results)
+        if run:
+            results["validation_run"] = run
+            (out_dir / "validation-run.json").write_text(json.dumps(run, indent=1, sort_keys=True))
         results["wall_s"] = round(time.time() - t0, 1)
         (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
         with tarfile.open(out_dir / "logs.tar.gz", "w:gz") as tar:
@@ -175,6 +179,42 @@ def main() -> int:
     s = results["summary"]
     print(json.dumps(s, indent=1))
     return 0 if not s.get("failed") else 1
+
+
+def validation_run(results: dict) -> dict | None:
+    """The CUDA validation run these results make (merged here with ``tests/matrix.py record``):
+    what applied, in the driver and the workers, in every extraction whose steps all passed."""
+    fig = results.get("figures", {})
+    applied: set = set()
+    models: set = set()
+    tp: set = set()
+    worst: dict = {}
+    for name, rep in fig.items():
+        if not name.startswith("extract_") or not isinstance(rep, dict):
+            continue
+        steps = rep.get("steps", {})
+        if not steps or not all(s.get("ok") for s in steps.values()):
+            continue
+        start = steps["start"]["value"]
+        applied.update(start.get("applied") or [])
+        for worker in start.get("workers") or []:
+            if isinstance(worker.get("applied"), list):
+                applied.update(worker["applied"])
+        models.add(rep.get("model"))
+        tp.add(rep.get("tp"))
+        rel = [v["value"].get("max_rel_l2") for k, v in steps.items() if k in ("mixed", "chunked", "long")]
+        worst[rep.get("model")] = max([worst.get(rep.get("model"), 0.0)] + [r for r in rel if r is not None])
+    if not applied:
+        return None
+    v = results.get("versions", {})
+    spec = v.get("speculators", "0")
+    return {
+        "date": time.strftime("%Y-%m-%d"), "env": "gpu-h200", "platform": "cuda",
+        "vllm": v.get("vllm", "0").split("+")[0], "vllm_version": v.get("vllm"), "speculators": spec,
+        "transformers": v.get("transformers"), "transformers_line": (v.get("transformers") or "4")[0],
+        "torch": v.get("torch"), "applied": sorted(applied), "models": sorted(m for m in models if m),
+        "tp": sorted(t for t in tp if t), "max_rel_l2_bf16": {m: float(f"{d:.3g}") for m, d in sorted(worst.items())},
+    }
 
 
 def summarize(results: dict) -> dict:

@@ -60,7 +60,9 @@ def record(name: str, data) -> None:
 
 
 def child_env(tp: int = 1, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    # SPECULATORS_COMPAT_RECORD passes: the GPU run is a validation run (platform cuda)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")
+           or k == "SPECULATORS_COMPAT_RECORD"}
     env.setdefault("PYTHONUNBUFFERED", "1")
     if tp > 1:
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # workers patched through the plugin alone
