@@ -97,6 +97,13 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
   tests-tp1)  runner --phase tp1 ;;
   tests-tp2)  runner --phase tp2 ;;
   tests-perf) runner --phase perf ;;
+  tf5)
+    # the image's own transformers 5.x (no 4.57 ahead on the path): import speculators 0.3.0 through the
+    # tf5-* patches, then one extraction (models and references were built on 4.57 by prepare)
+    ( cd "$G016_ROOT/work" 2>/dev/null || cd /tmp; PYTHONPATH=$SITE timeout ${TMO:-150} python3 "$OLDPWD/tests/gpu/extract.py" llama --tp 1 \
+        --sets mixed --out "$OUT/extract_llama_tf5.json" > "$OUT/tf5.log" 2>&1; echo "tf5 rc=$?" )
+    python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:(v['ok'],str(v.get('error',''))[:300]) for k,v in d['steps'].items()});print('mixed',{k:d['steps'].get('mixed',{}).get('value',{}).get(k) for k in ('max_rel_l2','pooled_rel_l2','rows_ok')})" "$OUT/extract_llama_tf5.json" 2>&1 | tail -3
+    PYTHONPATH=$SITE python3 -c "import transformers;print('transformers',transformers.__version__)" ;;
   smoke)
     timeout ${TMO:-240} python3 gpu/run_llm.py "$G016_ROOT/models/llama" > "$OUT/smoke.log" 2>&1
     echo "rc=$?"; grep -E "RESULT|Error|Traceback" "$OUT/smoke.log" | cut -c1-400 | tail -5 ;;

@@ -163,6 +163,18 @@ def transformers_version() -> str:
     return str(found.version) if found else "not installed"
 
 
+#: per worker-extension instance: the side CUDA stream offload-captured queued its copies on
+OFFLOAD_STREAM = "_speculators_compat_offload_stream"
+
+
+def wait_offload(holder: dict) -> None:
+    """Wait for every copy offload-captured queued (one synchronisation per call); ``holder``
+    is the extension's ``__dict__``."""
+    stream = holder.get(OFFLOAD_STREAM)
+    if stream is not None:
+        stream.synchronize()
+
+
 def platform_memory() -> tuple[int, int]:
     """``(free, total)`` device memory as vLLM's current platform reports it (CPU: the
     configured KV cache space), in the shape of ``torch.cuda.mem_get_info()``."""

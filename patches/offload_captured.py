@@ -39,12 +39,12 @@ from __future__ import annotations
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import SINCE_TWO_PHASE, SPECULATORS_ALL, WORKER
+from ._common import OFFLOAD_STREAM, SINCE_TWO_PHASE, SPECULATORS_ALL, WORKER, wait_offload
 
 METHOD = "_store_captured_states"
 GET = "_get_captured_states"
 #: per extension instance: the side stream its copies were queued on (or None)
-STREAM = "_speculators_compat_offload_stream"
+STREAM = OFFLOAD_STREAM
 
 
 def _judge(names, cpu: bool, platform: str) -> Probe:
@@ -100,9 +100,7 @@ def to_pinned_async(states, torch, holder: dict):
 
 def wait_copies(holder: dict) -> None:
     """Wait for every copy queued by :func:`to_pinned_async` (one synchronisation per call)."""
-    stream = holder.get(STREAM)
-    if stream is not None:
-        stream.synchronize()
+    wait_offload(holder)
 
 
 def offload(instance, states):

@@ -343,6 +343,7 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 def test_every_patch_is_shown_necessary():
     from speculators_compat.patches import REGISTRY
 
+    # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
     # cpu-rms-norm-strided: test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0);
     # cpu-moe-activation: test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x);
     # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines asserted
@@ -351,7 +352,7 @@ def test_every_patch_is_shown_necessary():
     # unit-tested in tests/test_offload.py
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
         "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "report", "validated-release",
-        "api-inventory", "stock-calls", "offload-captured"} | set(NEEDED_WHERE)
+        "api-inventory", "stock-calls", "offload-captured", "shm-transport", "driver-threads"} | set(NEEDED_WHERE)
     assert {p.id for p in REGISTRY} <= shown
 
 
@@ -442,7 +443,8 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
         samples.append({"input_ids": ids, "loss_mask": [int(i > n // 2) for i in range(n)]})
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(s) for s in samples) + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
     cmd = [
         sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"),
@@ -546,7 +548,8 @@ print(json.dumps({"applied": sorted(applied), "changed": sum(before[k] != during
 def test_every_applied_patch_is_undone_by_reset(tmp_path):
     """Contract over the whole registry on the real modules: applying changes the targets, and
     ``reset()`` puts back every attribute it replaced (LIFO undo of every patch)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env["SPECULATORS_COMPAT_DTYPE"] = "float32"
     proc = subprocess.run([sys.executable, "-c", CONTRACT], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env=env)

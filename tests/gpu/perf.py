@@ -51,9 +51,22 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 OFFLOAD = "offload-captured"
+SHM = "shm-transport"
 
 
 # -- run in the worker through collective_rpc ------------------------------------------------
+
+
+def w_shm(worker, on: bool):
+    """shm-transport on/off in the worker (off: the states are pickled through collective_rpc, as stock)."""
+    import speculators_compat
+
+    if on:
+        speculators_compat.reset()
+        speculators_compat.apply()
+    else:
+        speculators_compat.revert([SHM])
+    return SHM in speculators_compat.applied_ids()
 
 
 def w_offload(worker, on: bool):
@@ -88,12 +101,14 @@ def w_timer(worker):
         t = time.perf_counter()
         # looked up at each call: the class's method changes when offload is toggled
         out = type(worker)._get_captured_states(worker, *a, **k)
-        if out is not None and torch.cuda.is_available() and any(x.is_cuda for x in out):
+        listed = isinstance(out, list)
+        if listed and torch.cuda.is_available() and any(x.is_cuda for x in out):
             torch.cuda.synchronize()
         acc = worker.__dict__["_g016_acc"]
         acc["get_s"] += time.perf_counter() - t
         acc["calls"] += 1
-        acc["bytes"] += sum(x.numel() * x.element_size() for x in (out or []))
+        # shm-transport replies with a handle to a shared-memory file (its size: nbytes)
+        acc["bytes"] += sum(x.numel() * x.element_size() for x in out) if listed else getattr(out, "nbytes", 0)
         return out
 
     worker.__dict__["_get_captured_states"] = timed
@@ -381,7 +396,8 @@ def main() -> int:
         return h["gen"].executor.collective_rpc(w_offload, args=(on,))
 
     def modes():
-        return ["extract", "extract_nooffload", "extract_threads"] + [m for m in ("llm_eager", "llm_compiled") if m in h]
+        return ["extract", "extract_nooffload", "extract_stock_transport", "extract_threads"] + [
+            m for m in ("llm_eager", "llm_compiled") if m in h]
 
     def timed(mode, batch):
         import torch
@@ -392,6 +408,15 @@ def main() -> int:
                 return call(mode, batch)
             finally:
                 set_offload(True)
+        if mode == "extract_stock_transport":  # the stock transport: pickled states, 1 driver thread
+            old = torch.get_num_threads()
+            torch.set_num_threads(1)
+            h["gen"].executor.collective_rpc(w_shm, args=(False,))
+            try:
+                return call(mode, batch)
+            finally:
+                torch.set_num_threads(old)
+                h["gen"].executor.collective_rpc(w_shm, args=(True,))
         if mode == "extract_threads":  # driver and worker with THREADS torch threads (vLLM sets 1)
             old = torch.get_num_threads()
             torch.set_num_threads(args.threads)
@@ -427,7 +452,8 @@ def main() -> int:
         ratios = {}
         for a, b in (("extract", "llm_eager"), ("extract", "llm_compiled"), ("extract_nooffload", "llm_eager"),
                      ("extract_threads", "llm_eager"), ("extract", "extract_nooffload"),
-                     ("extract_threads", "extract"), ("llm_eager", "llm_compiled")):
+                     ("extract_threads", "extract"), ("llm_eager", "llm_compiled"),
+                     ("extract", "extract_stock_transport"), ("extract_stock_transport", "llm_eager")):
             if a in tps and b in tps:
                 ratios[f"{a}/{b}"] = {"median": round(tps[a]["median"] / tps[b]["median"], 4),
                                       "best": round(tps[a]["best"] / tps[b]["best"], 4)}

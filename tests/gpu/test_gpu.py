@@ -229,7 +229,15 @@ def test_extraction_matches_hf(model, tp, prepared):
         if CPU:
             assert v["max_abs"] <= 1e-4, f"{s}: max abs diff {v['max_abs']:.3g} against HF fp32"
             continue
-        assert v["pooled_rel_l2"] < REL_L2, f"{s}: pooled relative L2 {v['pooled_rel_l2']:.4f} >= {REL_L2}"
+        # MoE in bf16: HF's own bf16 run is as far from HF fp32 (router ties flip), e.g. the INT4
+        # kimi's chunked set, pooled: HF bf16 0.0315, vLLM bf16 0.0305 (H200, 2026-12-01)
+        pooled = REL_L2
+        if model in MOE and s in report["floor_bf16_pooled"]:
+            pooled = max(REL_L2, 2 * report["floor_bf16_pooled"][s])
+        assert v["pooled_rel_l2"] < pooled, (
+            f"{s}: pooled relative L2 {v['pooled_rel_l2']:.4f} >= {pooled:.4f} "
+            f"(HF bf16 floor {report['floor_bf16_pooled'].get(s)})"
+        )
         limit = REL_L2
         if model in MOE and s in report["floor_bf16"]:
             limit = max(REL_L2, 2 * report["floor_bf16"][s])

@@ -1,0 +1,82 @@
+"""Benchmark: a worker's captured states to the driver, pickled (stock) vs through shm-transport.
+
+    python benchmarks/transport.py [--mib 512] [--layers 4] [--hidden 2048] [--repeats 5]
+
+Both ways run in this one command, alternating, on the same tensors (bf16, ``--layers`` x
+[tokens, hidden] made of per-step parts as the worker holds them):
+
+* ``pickle``: what ``collective_rpc`` does with the stock reply -- ``torch.cat`` per layer in
+  the worker, ``pickle.dumps`` (protocol 5, as vLLM's message queue), ``pickle.loads`` in the
+  driver (vLLM's shared-memory ring adds its own copies on top: not counted here, so the
+  stock figure is optimistic);
+* ``shm``: ``shm-transport``'s worker side (concatenation straight into a /dev/shm file) and
+  the driver's unpickling of the handle (a mapping), then one read of every byte (what the
+  stock slicing does next), so lazily mapped pages are paid for.
+
+Prints one JSON line: medians in seconds and GB/s, and the ratio shm / pickle (time).
+Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    import torch
+
+    from speculators_compat import transport
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    tokens = args.mib * 2**20 // (args.layers * args.hidden * 2)
+    per_step = tokens // args.steps
+    parts = [[torch.randn(per_step, args.hidden).to(torch.bfloat16) for _ in range(args.steps)]
+             for _ in range(args.layers)]
+    nbytes = sum(p.numel() * 2 for layer in parts for p in layer)
+
+    def stock():
+        reply = [torch.cat(layer, dim=0) for layer in parts]
+        got = pickle.loads(pickle.dumps(reply, protocol=5))
+        return sum(float(g[-1, -1]) for g in got)
+
+    def shm():
+        handle = transport.write_states(parts, owner_pid=os.getpid())
+        if handle is None:
+            raise SystemExit(f"{transport.folder()} has no room for {nbytes} bytes")
+        got = pickle.loads(pickle.dumps(handle, protocol=5))
+        return sum(float(g.sum()) * 0 + float(g[-1, -1]) for g in got)  # g.sum() touches every page
+
+    times: dict = {"pickle": [], "shm": []}
+    stock(), shm()  # warm-up
+    for i in range(args.repeats):
+        for name, fn in ((("pickle", stock), ("shm", shm)) if i % 2 == 0 else (("shm", shm), ("pickle", stock))):
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(json.dumps({
+        "bytes": nbytes, "torch_threads": torch.get_num_threads(), "repeats": args.repeats,
+        "median_s": {k: round(v, 4) for k, v in med.items()},
+        "gb_s": {k: round(nbytes / v / 1e9, 2) for k, v in med.items()},
+        "shm_over_pickle_time": round(med["shm"] / med["pickle"], 3),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
