@@ -9,9 +9,12 @@ Measured on an H200 host (1 GiB of states per call): 2.5 s of a 6.5 s ``generate
 thread, 0.5 s with the host's threads.
 
 How: ``VllmHiddenStatesGenerator.__init__`` is wrapped: if ``OMP_NUM_THREADS`` was not set
-when it started and torch's thread count dropped during it, the count it had is put back
-(the workers already started with vLLM's setting; ``OMP_NUM_THREADS`` stays as vLLM set it).
-A user who sets ``OMP_NUM_THREADS`` gets exactly that.
+when it started and torch's thread count dropped during it, the count it had is put back, at
+most ``MAX_THREADS`` (8): the slicing is memory-bound, and on a busy host more threads only
+spin. Measured on the H200 host (32 cores, another extraction running on the second GPU), the
+driver's share of a 1 GiB call: 1 thread 4.8 s, 8 threads 1.9 s, 32 threads 9.5 s. The
+workers already started with vLLM's setting; ``OMP_NUM_THREADS`` stays as vLLM set it. A user
+who sets ``OMP_NUM_THREADS`` gets exactly that.
 
 Detection: ``vllm.v1.executor.multiproc_executor`` calls ``torch.set_num_threads``: new.
 Otherwise not needed.
@@ -31,6 +34,8 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from ._common import GENERATOR, SINCE_TWO_PHASE, SPECULATORS_ALL
 
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
+#: the most torch threads put back (see the docstring's measurement)
+MAX_THREADS = 8
 CALL = "torch.set_num_threads("
 
 
@@ -64,10 +69,11 @@ def _init(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     finally:
         now = torch.get_num_threads()
-        if not user_set and now < before:
-            torch.set_num_threads(before)
+        want = min(before, MAX_THREADS)
+        if not user_set and now < want:
+            torch.set_num_threads(want)
             logging.getLogger("speculators_compat").debug(
-                "driver-threads: torch threads %d -> %d in the generator's process", now, before)
+                "driver-threads: torch threads %d -> %d in the generator's process", now, want)
 
 
 def apply(module, patcher) -> None:

@@ -91,7 +91,11 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    return _judge(_module_exists(), _speculators_imports_it(view))
+    from speculators_compat.sources import Sources
+
+    # read the installed files: find_spec would import transformers (and torch with it)
+    exists = Sources("transformers").module_file(REMOVED) is not None
+    return _judge(exists, _speculators_imports_it(view))
 
 
 def _reload_and_populate(wrapped, instance, args, kwargs):

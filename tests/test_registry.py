@@ -367,14 +367,15 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
         "before = 'wrapt' in sys.modules, sorted(hooks._state.hooked)\n"
         f"import {GENERATOR}\n"
         "after = 'wrapt' in sys.modules, sorted(hooks._state.hooked)\n"
-        "print(before, after, sorted({d.status.value for d in speculators_compat.status() if d.patch.side == 'driver'}))\n"
+        f"GENERATOR = {GENERATOR!r}\n"
+        "print(before, after, sorted({d.status.value for d in speculators_compat.status() if d.patch.target == GENERATOR}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path, env=env)
     last = out.stdout.strip().splitlines()[-1]  # vLLM, if installed, logs to stdout before
     assert last.startswith("(False, []) (True, [")  # no wrapt, no hook until the import
     assert GENERATOR in last
-    assert "pending" not in last  # every driver patch was evaluated against the import
+    assert "pending" not in last  # every generator patch was evaluated against the import
 
 
 # -- discovery, documentation --------------------------------------------------------------------
