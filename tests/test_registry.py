@@ -572,6 +572,22 @@ def test_v4_v5_dtype_judgements():
     assert dtype_option._judge(sig("model")).shape.value == "unknown"
 
 
+def test_cpu_ipex_moe_routing_judges_the_moe_path():
+    from speculators_compat.patches.cpu_ipex_moe_routing import CALL, SELECT, _judge
+
+    build = "layer.cpu_fused_moe = cpu_fused_moe.IPEXFusedMOE(layer)"
+    call = "return layer.ipex_fusion(x, use_grouped_topk, top_k, router_logits, renormalize, custom_routing_function)"
+    args = (build, call, CALL, SELECT)
+    assert _judge(True, True, True, *args).shape.value == "new"
+    assert _judge(True, True, False, "", "", (), ()).shape.value == "old"  # 0.12+: no IPEXFusedMOE
+    assert _judge(True, True, True, "cpu_fused_moe.CPUFusedMOE(layer)", call, CALL, SELECT).shape.value == "old"
+    assert _judge(False, True, True, *args).shape.value == "old"  # not x86: vLLM's CPUFusedMOE
+    assert _judge(True, False, True, *args).shape.value == "old"  # no IPEX: vLLM cannot build it
+    assert _judge(True, True, True, build, call, CALL[:-1], SELECT).shape.value == "unknown"
+    assert _judge(True, True, True, build, call, CALL, SELECT[1:]).shape.value == "unknown"
+    assert _judge(True, True, True, build, "return layer.ipex_fusion(x, top_k)", CALL, SELECT).shape.value == "unknown"
+
+
 @pytest.mark.parametrize("n", [1, 2, 10, 11, 12, 42, 120])
 def test_s04_result_order_inverts_the_string_sort_of_request_ids(n):
     from speculators_compat.patches.s04_result_order import input_order
