@@ -325,6 +325,15 @@ def test_each_later_delta_is_needed_where_it_exists(model, tmp_path, pid):
     assert_breaks(report, pid, *NEEDED_WHERE[pid])
 
 
+# vLLM 0.22+: Model Runner V2 (never chosen by the CPU builds; chosen on CUDA) lays rows out by
+# token count. runner-v1 keeps V1; a user who asks for MRv2 gets a refusal, not wrong rows.
+@suite_is("full", "release")
+@where_delta("runner-v1")
+def test_model_runner_v2_asked_for_is_refused(model, tmp_path):
+    report = scenario(model, tmp_path, steps=["start"], extra_env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert "[runner-v1] VLLM_USE_V2_MODEL_RUNNER=1" in failures(report).get("start", "")
+
+
 def assert_breaks(report, disable, step, fragment):
     failed = failures(report, trace=True)
     assert step in failed, f"disabling {disable} broke nothing: {failed}"
@@ -365,6 +374,7 @@ def test_every_patch_is_shown_necessary():
     from speculators_compat.patches import REGISTRY
 
     # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
+    # runner-v1: the CPU builds never pick Model Runner V2 (test_model_runner_v2_asked_for_is_refused);
     # cpu-rms-norm-strided: test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0);
     # cpu-moe-activation: test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x);
     # cpu-ipex-moe-routing: test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch (vLLM 0.11.1/0.11.2);
@@ -375,7 +385,7 @@ def test_every_patch_is_shown_necessary():
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
         "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
-        "driver-threads"} | set(NEEDED_WHERE)
+        "driver-threads", "runner-v1"} | set(NEEDED_WHERE)
     assert {p.id for p in REGISTRY} <= shown
 
 
