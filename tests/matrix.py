@@ -145,7 +145,7 @@ def _requirements(env: Env) -> str:
     return "\n".join(lines) + "\n"
 
 
-DROPPED = ("torchaudio", "torchvision", "intel-openmp")
+DROPPED = ("torchaudio", "torchvision", "intel-openmp", "torchcodec")
 
 
 def _overrides(key: str, pins: list[str]) -> str:
