@@ -390,6 +390,39 @@ def summarize(set_aside: dict[str, str], limit: int = 12) -> str:
     return ", ".join(parts)
 
 
+def rebuild_lengths(folder: Path, kept: int) -> int:
+    """Make ``sample_lengths.json`` (speculators 0.4's script) list exactly the kept samples.
+
+    The 0.4 script writes it once, at the very end, with ``open(..., "w")``; on a resume it
+    loads it and adds the new samples. A run killed before the end never wrote it, so the
+    resumed run's file lacks every sample of the killed run (the trainer then falls back to
+    lengths estimated from file sizes). The missing entries are read from the kept files
+    (``input_ids`` only, memory-mapped); entries from the resume point on are dropped (the
+    run writes them again). Returns how many entries were added."""
+    path = folder / SAMPLE_LENGTHS
+    try:
+        current = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        current = {}
+    if not isinstance(current, dict):
+        current = {}
+    missing = [i for i in range(kept) if str(i) not in current]
+    stale = [key for key in current if not (key.isdigit() and int(key) < kept)]
+    if not missing and not stale:
+        return 0
+    import torch
+
+    for i in missing:
+        data = torch.load(folder / f"data_{i}.pt", mmap=True, weights_only=True, map_location="cpu")
+        current[str(i)] = int(data["input_ids"].numel())
+    for key in stale:
+        del current[key]
+    ordered = {str(i): current[str(i)] for i in range(kept)}
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(ordered, indent=2), encoding="utf-8")
+    return len(missing)
+
+
 def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Plan:
     """Lock ``folder``, set aside what the stock resume would get wrong, log one line, and
     register the folder for atomic writes. Returns the plan that was carried out."""
@@ -398,8 +431,13 @@ def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Pla
     lock(folder)
     plan = scan(folder)
     dest = apply_plan(plan)
+    line = describe(plan, dest)
+    if script is not None and script.variant == "0.4" and plan.resume_at > 0:
+        added = rebuild_lengths(folder, plan.resume_at)
+        if added:
+            line += f"; {SAMPLE_LENGTHS}: added the lengths of {added} kept sample(s) it lacked"
     level = 30 if plan.set_aside else 20  # WARNING when files moved, else INFO
-    _log().log(level, "%s", describe(plan, dest))
+    _log().log(level, "%s", line)
     protect(folder)
     return plan
 

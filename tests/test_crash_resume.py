@@ -237,6 +237,8 @@ def assert_same_dataset(out: Path, clean: Path, n: int = N_SAMPLES) -> float:
     assert not [p for p in out.iterdir() if p.name.startswith(".")], "temporary files left in the output folder"
     config = json.loads((out / "data_config.json").read_text())
     assert config["data"]["num_samples"] == n
+    if (clean / "sample_lengths.json").exists():  # the speculators 0.4 script
+        assert json.loads((out / "sample_lengths.json").read_text()) == json.loads((clean / "sample_lengths.json").read_text())
     worst = 0.0
     for i in range(n):
         got = torch.load(out / f"data_{i}.pt", weights_only=True)

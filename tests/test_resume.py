@@ -260,3 +260,18 @@ def test_runner_refuses_a_script_that_looks_stock_but_saves_differently(tmp_path
     (tmp_path / "o").mkdir()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 0 and "resumed at -1" in proc.stdout and "output folder" not in proc.stderr
+
+
+def test_sample_lengths_of_the_04_script_are_completed_for_the_kept_samples(tmp_path):
+    torch = pytest.importorskip("torch")
+    out = tmp_path / "out"
+    out.mkdir()
+    for i, n in enumerate([5, 9, 3, 7]):
+        torch.save({"input_ids": torch.arange(n), "hidden_states": [torch.zeros(n, 4)]}, out / f"data_{i}.pt")
+    (out / "sample_lengths.json").write_text(json.dumps({"1": 9, "3": 7, "12": 4}))
+    assert resume.rebuild_lengths(out, 3) == 2  # 0 and 2 were missing; 3 and 12 will be written again
+    assert json.loads((out / "sample_lengths.json").read_text()) == {"0": 5, "1": 9, "2": 3}
+    assert resume.rebuild_lengths(out, 3) == 0
+    (out / "sample_lengths.json").write_text("{\"0\": 5, \"1")  # cut short by a kill
+    assert resume.rebuild_lengths(out, 4) == 4
+    assert json.loads((out / "sample_lengths.json").read_text()) == {"0": 5, "1": 9, "2": 3, "3": 7}
