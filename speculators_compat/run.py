@@ -114,7 +114,7 @@ def _stop(signame: str, code: int) -> int:
         import gc
 
         gc.collect()  # a generator no one tracked: its __del__ shuts its executor down
-    what = "; ".join(stopped) if stopped else "no vLLM executor was running"
+    what = "; ".join(stopped) if stopped else "no live generator to stop"
     _log().warning(
         "interrupted by %s: %s; exit code %d. Run the same command again to resume.", signame, what, code
     )

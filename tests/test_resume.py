@@ -243,7 +243,7 @@ def test_runner_repairs_the_folder_then_exits_130_or_143_on_an_interrupt(tmp_pat
     assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json"]
     if code:
         signame = "SIGINT (Ctrl-C)" if code == 130 else "SIGTERM"
-        assert f"interrupted by {signame}: no vLLM executor was running; exit code {code}" in proc.stderr
+        assert f"interrupted by {signame}: no live generator to stop; exit code {code}" in proc.stderr
         assert "Traceback" not in proc.stderr
 
 
