@@ -16,6 +16,8 @@ below the highest index that a resume never fills.
   second run, finds the first missing or unreadable index, moves every sample file from that
   index on (and any unreadable or stray file) aside, so that the stock ``max + 1`` resume
   starts exactly there, and logs one line saying what was kept and what was set aside where;
+* the shared-memory segments a run killed outright left in /dev/shm are removed
+  (:mod:`speculators_compat.leftovers` records them while a run is alive);
 * :func:`protect` registers the folder so that the ``atomic-save`` patch turns every
   ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes`` into it into a write to a
   temporary file in the same folder, flushed and fsynced, then renamed over the final name
@@ -426,9 +428,12 @@ def rebuild_lengths(folder: Path, kept: int) -> int:
 def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Plan:
     """Lock ``folder``, set aside what the stock resume would get wrong, log one line, and
     register the folder for atomic writes. Returns the plan that was carried out."""
+    from . import leftovers
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock(folder)
+    removed = leftovers.clean(folder)  # the lock is ours: the run that recorded them is gone
     plan = scan(folder)
     dest = apply_plan(plan)
     line = describe(plan, dest)
@@ -436,10 +441,23 @@ def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Pla
         added = rebuild_lengths(folder, plan.resume_at)
         if added:
             line += f"; {SAMPLE_LENGTHS}: added the lengths of {added} kept sample(s) it lacked"
-    level = 30 if plan.set_aside else 20  # WARNING when files moved, else INFO
+    if removed:
+        line += f"; removed {len(removed)} shared-memory segment(s) a killed run left in /dev/shm"
+    level = 30 if plan.set_aside or removed else 20  # WARNING when something was cleaned up
     _log().log(level, "%s", line)
     protect(folder)
+    _recorders.append(leftovers.Recorder(folder).start())
     return plan
+
+
+_recorders: list = []
+
+
+def finish() -> None:
+    """The run ended in a way this process sees: stop recording its shared memory (the
+    record is removed; only a run killed outright leaves one for the next run to clean)."""
+    while _recorders:
+        _recorders.pop().stop()
 
 
 # -- atomic writes ---------------------------------------------------------------------------

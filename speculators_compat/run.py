@@ -12,8 +12,9 @@ Two more things happen around the script:
   ``--output-dir``: when the script has parsed its arguments, the folder is locked against a
   second run, whatever a killed run left that its own ``max(index) + 1`` resume would get
   wrong (a truncated file, a hole below the highest index, a missing ``data_config.json``)
-  is moved aside, with one log line, and every save into the folder becomes atomic (the
-  ``atomic-save`` patch). After a crash, the same command simply runs again and resumes.
+  is moved aside, with one log line, every save into the folder becomes atomic (the
+  ``atomic-save`` patch), and the shared memory a killed run left in /dev/shm is removed.
+  After a crash, the same command simply runs again and resumes.
   ``SPECULATORS_COMPAT_DISABLE=resume`` (or ``all``) leaves the folder alone.
 * Ctrl-C (SIGINT) and SIGTERM stop the run cleanly: the script unwinds (the stock script
   finishes its pending saves), the vLLM workers of every live generator are shut down, one
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speculators-compat run: {exc}", file=sys.stderr)
         return 1
     finally:
+        from . import resume
+
+        resume.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -6,7 +6,8 @@ tiny local Llama, in its own session (process group), and killed the ways real r
 * SIGKILL of the whole process group at random moments, five times, each time followed by
   the same command again, until it finishes: the folder must hold every ``data_<i>.pt``
   exactly once, every file must load, and input_ids / loss masks must equal a clean run's,
-  the states within fp32 precision (a resumed batch has other neighbours);
+  the states within fp32 precision (a resumed batch has other neighbours), and the shared
+  memory each killed group left in /dev/shm must have been removed by the next run;
 * the state such a kill leaves, built by hand (a truncated file, a hole below the highest
   index, no ``data_config.json``, a temporary file), then the same command again; and the
   same state under the stock code alone, which keeps the hole and the truncated file;
@@ -131,13 +132,16 @@ class Run:
                                      start_new_session=True)
         self.sid = self.proc.pid
         self.shm: set[str] = set()
+        self.first_seen: dict[str, float] = {}
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._sample, daemon=True)
         self._watch.start()
 
     def _sample(self):
         while not self._stop.is_set():
-            self.shm |= shm_names(session_pids(self.sid))
+            for name in shm_names(session_pids(self.sid)) - self.shm:
+                self.first_seen[name] = time.monotonic()
+                self.shm.add(name)
             self._stop.wait(0.2)
 
     def text(self) -> str:
@@ -180,11 +184,10 @@ class Run:
         shm = sorted(n for n in self.shm if os.path.exists(f"/dev/shm/{n}"))
         return procs, shm
 
-    def unlink_shm(self) -> list[str]:
-        """After a SIGKILL of the whole group nothing could clean up: remove what it mapped."""
-        self.leftovers(grace=5)
+    def unlink_shm(self, names=None) -> list[str]:
+        """Remove segments of this run that are still in /dev/shm (test hygiene)."""
         gone = []
-        for name in sorted(self.shm):
+        for name in sorted(self.shm if names is None else names):
             try:
                 os.unlink(f"/dev/shm/{name}")
                 gone.append(name)
@@ -280,6 +283,7 @@ def test_killed_five_times_at_random_then_resumed_equals_a_clean_run(setup, clea
     rng = random.Random(seed)
     out = tmp_path / "out"
     history = []
+    killed = []
     for attempt in range(5):
         have = len(samples(out)) if out.exists() else 0
         run = Run(command(setup, out), environment(**SLOW), tmp_path, tmp_path / f"run{attempt}.log")
@@ -296,19 +300,31 @@ def test_killed_five_times_at_random_then_resumed_equals_a_clean_run(setup, clea
                 time.sleep(0.02)
             time.sleep(delay)
         finished = run.proc.poll() is not None
+        killed_at = time.monotonic()
         run.kill_group()
         run.finish()
-        leaked = run.unlink_shm()
+        run.leftovers(grace=5)
+        killed.append((run, killed_at))
+        left = [n for n in run.shm if os.path.exists(f"/dev/shm/{n}")]
         repair = re.search(r"output folder \S+: ((?:resuming at data_\d+\.pt|no complete sample yet).*)", run.text())
         history.append(f"run {attempt + 1}: {repair.group(1) if repair else 'killed before its repair'}; "
                        f"killed {where}{' (had already ended)' if finished else ''} with "
-                       f"{len(samples(out)) if out.exists() else 0} files; removed {len(leaked)} shm segment(s) it left")
+                       f"{len(samples(out)) if out.exists() else 0} files, leaving {len(left)} shm segment(s)")
     final = Run(command(setup, out), environment(), tmp_path, tmp_path / "final.log")
     rc = final.finish()
     text = final.text()
     assert rc == 0, f"seed {seed}; {history}\n{text[-5000:]}"
     assert re.search(r"output folder .*: resuming at data_\d+\.pt", text), text[-3000:]
     worst = assert_same_dataset(out, clean)
+    # what each killed group left in /dev/shm was removed by the next run, except segments
+    # made in the last moment before the kill (the runner records them every 0.5 s)
+    late = []
+    for run, killed_at in killed:
+        for name in run.shm:
+            if os.path.exists(f"/dev/shm/{name}"):
+                assert run.first_seen[name] > killed_at - 1.5, f"{name} of {run.log_path.name} was left in /dev/shm"
+                late += run.unlink_shm([name])
+    history.append(f"segments made < 1.5 s before a kill and left: {len(late)}")
     repair = re.search(r"output folder \S+: resuming at.*", text).group(0)
     print(f"seed {seed}:\n  " + "\n  ".join(history) + f"\n  final run: {repair}\n  max abs diff {worst:.2g}")
 

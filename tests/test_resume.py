@@ -103,6 +103,7 @@ def test_prepare_moves_files_aside_with_a_manifest_and_logs_one_line(tmp_path, c
         assert len(lines) == 1 and str(dest) in lines[0] and "resuming at data_3.pt" in lines[0]
         assert plan.resume_at == 3 and resume.protected(out / "data_3.pt") == out / "data_3.pt"
     finally:
+        resume.finish()
         resume.unprotect()
 
 
@@ -122,7 +123,9 @@ def test_a_new_folder_is_created_locked_and_protected(tmp_path, caplog):
         proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, cwd=tmp_path)
         assert proc.stdout.startswith("refused:") and "in use by another run" in proc.stdout, proc.stderr
     finally:
+        resume.finish()
         resume.unprotect()
+    assert not (out / ".speculators-compat-shm").exists()
 
 
 def test_atomic_path_renames_complete_files_only(tmp_path):
@@ -275,3 +278,36 @@ def test_sample_lengths_of_the_04_script_are_completed_for_the_kept_samples(tmp_
     (out / "sample_lengths.json").write_text("{\"0\": 5, \"1")  # cut short by a kill
     assert resume.rebuild_lengths(out, 4) == 4
     assert json.loads((out / "sample_lengths.json").read_text()) == {"0": 5, "1": 9, "2": 3, "3": 7}
+
+
+def test_shared_memory_a_killed_run_left_is_removed_by_the_next_run(tmp_path):
+    from multiprocessing import resource_tracker, shared_memory
+
+    from speculators_compat import leftovers
+
+    out = tmp_path / "out"
+    out.mkdir()
+    recorder = leftovers.Recorder(out)
+    shm = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        recorder.poll()  # what the recording thread does every half second
+        assert shm.name in json.loads((out / leftovers.RECORD).read_text())
+        # the run is killed outright: nobody unlinks the segment, the record stays
+        assert leftovers.clean(out) == [shm.name]
+        assert not os.path.exists(f"/dev/shm/{shm.name}") and not (out / leftovers.RECORD).exists()
+        assert leftovers.clean(out) == []
+    finally:
+        shm.close()
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - removed above
+
+
+def test_a_run_that_ends_normally_leaves_no_record(tmp_path):
+    from speculators_compat import leftovers
+
+    recorder = leftovers.Recorder(tmp_path, interval=0.05).start()
+    (tmp_path / leftovers.RECORD).write_text('["psm_0"]')  # as if something had been recorded
+    recorder.stop()
+    assert not (tmp_path / leftovers.RECORD).exists()
