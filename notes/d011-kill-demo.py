@@ -56,7 +56,8 @@ def main() -> None:
                 n = rng.randint(300, 1500)
                 fh.write(json.dumps({"input_ids": [rng.randrange(3, 380) for _ in range(n)],
                                      "loss_mask": [int(rng.random() < 0.5) for _ in range(n)]}) + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    # SPECULATORS_COMPAT_RECORD (a validation run) passes: until the release is recorded, it is refused without
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
     layers = [str(i) for i in range(8)]
 
