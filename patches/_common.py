@@ -6,6 +6,8 @@ Patch modules never import each other: what two patches share lives here.
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from typing import Any
 
 from speculators_compat.registry import Probe
@@ -206,3 +208,77 @@ def flush_finished(generator) -> None:
 
 def forget_idle(scheduler) -> None:
     scheduler.__dict__.pop(PENDING, None)
+
+
+# -- the first vLLM worker to die: recorded by worker-death, named by worker-death and report ----
+
+#: real executor -> the worker handles whose processes exited first (in the order seen)
+_FIRST_EXITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_exits_lock = threading.Lock()
+
+
+def real_executor(executor):
+    """The executor behind any wrapper proxies (``v4`` wraps the generator's executor)."""
+    while hasattr(executor, "__wrapped__"):
+        executor = executor.__wrapped__
+    return executor
+
+
+def watch_workers(executor) -> None:
+    """Record the first worker(s) of ``executor`` to exit, from a daemon thread: before vLLM's
+    worker monitor stops the others, after which every worker is dead and the culprit can no
+    longer be told apart."""
+    real = real_executor(executor)
+    workers = list(getattr(real, "workers", None) or ())
+    if not workers:
+        return
+    with _exits_lock:
+        _FIRST_EXITS[real] = []
+
+    def wait() -> None:
+        import multiprocessing.connection
+
+        by_sentinel = {w.proc.sentinel: w for w in workers}
+        try:
+            ready = multiprocessing.connection.wait(list(by_sentinel))
+        except OSError:  # the sentinels were closed: the executor is gone
+            return
+        with _exits_lock:
+            exits = _FIRST_EXITS.get(real)
+            if exits is not None and not exits:
+                exits.extend(by_sentinel[s] for s in ready)
+
+    threading.Thread(target=wait, daemon=True, name="speculators-compat-worker-watch").start()
+
+
+def _how(code) -> str:
+    import signal
+
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        extra = " (if nobody sent it, the kernel's OOM killer may have: see dmesg)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{extra}"
+    return f"exited with code {code}"
+
+
+def dead_workers(executor) -> str | None:
+    """Which worker died, if the executor failed because one did; else ``None``."""
+    real = real_executor(executor)
+    workers = list(getattr(real, "workers", None) or ())
+    if not getattr(real, "is_failed", False) or not workers:
+        return None
+    with _exits_lock:
+        first = list(_FIRST_EXITS.get(real) or ())
+    dead = first or [w for w in workers if w.proc.exitcode is not None]
+    if not dead:
+        return "a vLLM worker process died"
+    parts = []
+    for w in dead:
+        w.proc.join(timeout=1)  # reaped by now; join only settles exitcode
+        parts.append(f"vLLM worker {w.proc.name} (pid {w.proc.pid}, rank {w.rank} of {len(workers)}) {_how(w.proc.exitcode)}")
+    return "; ".join(parts)

@@ -108,6 +108,8 @@ def recover(generator) -> None:
     """Abort what a failed call left behind and tell the workers."""
     from vllm.v1.request import RequestStatus
 
+    if getattr(generator.executor, "is_failed", False):
+        return  # a worker died and vLLM shut the executor down: nothing left to recover
     scheduler = generator.scheduler
     left = list(scheduler.requests)
     if left:

@@ -8,7 +8,8 @@ whether the executor shut down cleanly (or what failed).
 How: ``VllmHiddenStatesGenerator.generate`` is wrapped to log, at INFO on the
 ``speculators_compat`` logger, the sequences, tokens, layers, hidden size, dtype and
 seconds of each call; ``__del__`` is wrapped to shut the executor down itself and log the
-outcome (the stock ``__del__`` swallows any error into a vague warning).
+outcome (the stock ``__del__`` swallows any error into a vague warning); after vLLM shut the
+executor down because a worker died, the line says so and names the worker.
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
@@ -23,7 +24,7 @@ import time
 
 from speculators_compat.registry import Kind, Patch, Side
 
-from ._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, generator_patch
+from ._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, dead_workers, generator_patch
 
 log = logging.getLogger("speculators_compat")
 
@@ -50,11 +51,17 @@ def shutdown(generator) -> None:
     executor = generator.__dict__.pop("executor", None)
     if executor is None:
         return
+    failed = bool(getattr(executor, "is_failed", False))
     try:
         executor.shutdown()
     except Exception as exc:  # report, never raise from a finalizer
         log.error("executor shutdown failed: %s: %s", type(exc).__name__, exc)
     else:
+        if failed:  # vLLM's worker monitor had already shut it down
+            log.error(
+                "executor was shut down by vLLM after a worker died: %s", dead_workers(executor) or "unknown worker"
+            )
+            return
         log.info(
             "executor shut down cleanly; the workers' 'Parent process exited, terminating "
             "worker' lines that may follow are expected"

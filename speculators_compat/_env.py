@@ -1,7 +1,9 @@
 """The library's environment variables, parsed in one place (stdlib only, no imports).
 
 ``SPECULATORS_COMPAT_DISABLE``  comma- or semicolon-separated patch ids to leave off, or ``all``
-                                (also ``*`` or ``1``); case-insensitive.
+                                (also ``*`` or ``1``); case-insensitive. ``resume`` (not a patch)
+                                makes ``speculators-compat run`` leave the stock script's output
+                                folder alone.
 ``SPECULATORS_COMPAT_VERBOSE``  ``1``/``true``/``yes``: log which patch applied where, to stderr.
 ``SPECULATORS_COMPAT_RECORD``   a folder: this is a validation run of the test matrix (see
                                 :mod:`speculators_compat.validation`); never set it for real work.

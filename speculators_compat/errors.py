@@ -7,6 +7,7 @@ __all__ = [
     "IncompatibleVllmError",
     "InvalidInputError",
     "CaptureContractError",
+    "WorkerDiedError",
 ]
 
 
@@ -24,3 +25,8 @@ class InvalidInputError(CompatError, ValueError):
 
 class CaptureContractError(CompatError):
     """The captured hidden states do not satisfy the output contract."""
+
+
+class WorkerDiedError(CompatError):
+    """A vLLM worker process of the generator's executor died (killed, crashed, OOM): vLLM
+    shut the executor down, and this generator cannot be used any more."""

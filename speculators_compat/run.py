@@ -4,25 +4,125 @@ Like ``ddtrace-run`` or ``opentelemetry-instrument``: the script runs unchanged 
 ``__main__`` (its ``if __name__ == "__main__":`` guard works, and so do the worker
 processes vLLM spawns, which get the patches through the ``vllm.general_plugins`` entry
 point). ``-m MODULE`` runs a module instead of a file.
+
+Two more things happen around the script:
+
+* speculators' offline data-generation script (``data_generation_offline.py``, recognised
+  from its source by :func:`speculators_compat.resume.recognise`) gets a crash-safe
+  ``--output-dir``: when the script has parsed its arguments, the folder is locked against a
+  second run, whatever a killed run left that its own ``max(index) + 1`` resume would get
+  wrong (a truncated file, a hole below the highest index, a missing ``data_config.json``)
+  is moved aside, with one log line, every save into the folder becomes atomic (the
+  ``atomic-save`` patch), and the shared memory a killed run left in /dev/shm is removed.
+  After a crash, the same command simply runs again and resumes.
+  ``SPECULATORS_COMPAT_DISABLE=resume`` (or ``all``) leaves the folder alone.
+* Ctrl-C (SIGINT) and SIGTERM stop the run cleanly: the script unwinds (the stock script
+  finishes its pending saves), the vLLM workers of every live generator are shut down, one
+  line says so, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import runpy
+import signal
 import sys
 
 USAGE = "usage: speculators-compat run SCRIPT [ARGS...] | speculators-compat run -m MODULE [ARGS...]"
 
+#: the id that ``SPECULATORS_COMPAT_DISABLE`` takes to leave the output folder alone
+RESUME_ID = "resume"
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE, file=sys.stderr if not argv else sys.stdout)
-        return 2 if not argv else 0
-    import speculators_compat
 
-    speculators_compat.apply()
+class Terminated(BaseException):
+    """Raised in the main thread by the runner's SIGTERM handler (like KeyboardInterrupt)."""
+
+
+class _Fallback(logging.StreamHandler):
+    """Prints the runner's lines to stderr when the script configured no logging (with a
+    root handler, the lines reach it by propagation and this handler stays silent)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(asctime)s speculators-compat %(levelname)s: %(message)s"))
+
+    def emit(self, record):
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
+def _log() -> logging.Logger:
+    log = logging.getLogger("speculators_compat.run")
+    if not any(isinstance(h, _Fallback) for h in log.handlers):
+        log.addHandler(_Fallback())
+        log.setLevel(logging.INFO)
+    return log
+
+
+def _resume_disabled() -> bool:
+    from . import _env
+
+    return bool(_env.disabled() & {"all", RESUME_ID})
+
+
+def _stock_script(path: str):
+    """The recognised stock data-generation script, ``None`` for any other script; raises
+    ``OutputFolderError`` for a script that looks like it but whose save/resume code differs."""
+    from . import resume
+
+    if _resume_disabled():
+        return None
+    found = resume.recognise(path)
+    if found is None:
+        return None
+    if not found.known:
+        raise resume.OutputFolderError(
+            f"{path} looks like speculators' data_generation_offline.py, but its save/resume code "
+            f"is not the code speculators_compat knows (speculators 0.3.0 / 0.4.x): "
+            f"{'; '.join(found.problems)}. Its output folder cannot be made crash-safe: "
+            f"SPECULATORS_COMPAT_DISABLE={RESUME_ID} runs it without (a killed run may then leave "
+            "truncated or missing samples that its resume does not redo)."
+        )
+    return found
+
+
+def _arm_output_folder(found, patcher) -> None:
+    """Prepare ``--output-dir`` as soon as the script has parsed its arguments."""
+    import argparse
+
+    from . import resume
+
+    state = {"done": False}
+
+    def parse_args(wrapped, instance, args, kwargs):
+        namespace = wrapped(*args, **kwargs)
+        folder = getattr(namespace, "output_dir", None)
+        if not state["done"] and isinstance(folder, (str, os.PathLike)):
+            state["done"] = True
+            _log()  # the runner's lines show even if the script configured no logging
+            resume.prepare(folder, found)
+        return namespace
+
+    patcher.wrap(argparse.ArgumentParser, "parse_args", parse_args)
+
+
+def _stop(signame: str, code: int) -> int:
+    from . import lifecycle
+
+    stopped = lifecycle.shutdown_all()
+    if not stopped:
+        import gc
+
+        gc.collect()  # a generator no one tracked: its __del__ shuts its executor down
+    what = "; ".join(stopped) if stopped else "no live generator to stop"
+    _log().warning(
+        "interrupted by %s: %s; exit code %d. Run the same command again to resume.", signame, what, code
+    )
+    return code
+
+
+def _run(argv: list[str]) -> int:
     if argv[0] == "-m":
         if len(argv) < 2:
             print(USAGE, file=sys.stderr)
@@ -34,10 +134,53 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(script):
         print(f"speculators-compat run: no such script: {script}", file=sys.stderr)
         return 2
+    from .registry import Patcher
+
+    patcher = Patcher()
+    found = _stock_script(script)
+    if found is not None:
+        _arm_output_folder(found, patcher)
     sys.argv = [script, *argv[1:]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        patcher.undo()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE, file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
+    import speculators_compat
+
+    from .resume import OutputFolderError
+
+    speculators_compat.apply()
+
+    def on_sigterm(signum, frame):
+        raise Terminated()
+
+    previous = None
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        return _stop("SIGINT (Ctrl-C)", 130)
+    except Terminated:
+        return _stop("SIGTERM", 143)
+    except OutputFolderError as exc:
+        print(f"speculators-compat run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        from . import resume
+
+        resume.finish()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

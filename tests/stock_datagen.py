@@ -1,22 +1,50 @@
-"""A stock-shaped offline data-generation script (it never imports speculators_compat).
+"""A stand-in for speculators' ``scripts/data_generation_offline.py`` (it never imports speculators_compat).
 
-Mirrors the shape of speculators' ``scripts/data_generation_offline.py``: build the stock
-``VllmHiddenStatesGenerator`` from arguments, read pre-tokenized samples (here a local JSON
-lines file of ``input_ids`` and ``loss_mask``), call ``generate`` per batch and save one
-``data_<i>.pt`` per sample with ``input_ids``, ``hidden_states`` and the ``loss_mask``
-truncated to the returned length. Run it through ``speculators-compat run``.
+The real script is not in the speculators wheel (it lives in the speculators repository),
+so it is not vendored here. This stand-in reproduces exactly the parts of it that decide
+what a killed and resumed run leaves on disk (speculators 0.3.0; 0.4.x only adds
+``sample_lengths.json``), with the same function names and the same calls, so that
+``speculators-compat run`` recognises it as the stock script:
+
+* ``find_last_checkpoint(output_dir)``: resume at ``max(i) + 1`` over the names that start
+  with ``data_`` and end with ``.pt`` and whose stem after ``data_`` is an ``int()``;
+* ``save_sample_to_disk``: ``torch.save`` straight to ``data_<i>.pt``, submitted to a
+  ``ThreadPoolExecutor`` of 4 threads (out of order), whose futures are only awaited once
+  every batch has been generated;
+* ``save_config``: ``data_config.json`` written with ``Path.write_text`` after all saves,
+  from speculators' own ``DataGenerationConfig.from_generator``;
+* "All samples already processed!" (and no config written) when ``max + 1`` reaches the
+  dataset size; the generator is built with ``max_model_len`` = the sequence length.
+
+What differs: samples come pre-tokenized from a local JSON-lines file (``input_ids``,
+``loss_mask``) instead of ``load_and_preprocess_dataset`` (chat template, HF datasets), and
+are passed to ``generate`` as the same list of 1-D LongTensors. ``SPECULATORS_DATAGEN_DELAY``
+(seconds, tests only) sleeps after each batch, to widen the window in which a test kills the
+run. The tests can run the real script instead (``SPECULATORS_COMPAT_REAL_DATAGEN``, see
+``tests/test_crash_resume.py``).
 """
 
 import argparse
 import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
+from datasets import config as datasets_config
 
+from speculators.data_generation.config_generator import DataGenerationConfig
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
+IO_THREADS = 4
 
-def main():
+logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
+log = logging.getLogger("stock_datagen")
+
+
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--target-model-path", required=True)
     ap.add_argument("--train-data-path", required=True)
@@ -25,33 +53,104 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
-    args = ap.parse_args()
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    ap.add_argument("--max-samples", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--start-idx", type=int, default=0)
+    return ap.parse_args()
 
-    samples = [json.loads(line) for line in Path(args.train_data_path).read_text().splitlines() if line]
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+
+def find_last_checkpoint(output_dir):
+    """Index of the next file to write: one past the highest data_<i>.pt present."""
+    folder = Path(output_dir)
+    if not folder.exists():
+        return 0
+    max_index = -1
+    for entry in folder.iterdir():
+        name = entry.name
+        if not (name.startswith("data_") and name.endswith(".pt")):
+            continue
+        try:
+            max_index = max(max_index, int(entry.stem[5:]))
+        except ValueError:
+            pass
+    return max_index + 1
+
+
+def save_sample_to_disk(data_dict, output_path):
+    torch.save(data_dict, output_path)
+    return output_path
+
+
+def save_config(args, generator, num_samples, output_dir):
+    config = DataGenerationConfig.from_generator(
+        generator=generator,
+        train_data_path=args.train_data_path,
+        seq_length=args.max_model_len,
+        cache_dir=str(datasets_config.HF_DATASETS_CACHE),
+        num_samples=num_samples,
+        max_samples=args.max_samples,
+        seed=args.seed,
+    )
+    config_path = Path(output_dir) / "data_config.json"
+    config_path.write_text(json.dumps(config.to_dict(), indent=2))
+    log.info(f"Saved config to {config_path}")
+
+
+def generate_and_save_hidden_states(args, dataset):
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    start_file_idx = find_last_checkpoint(args.output_dir)
+    if start_file_idx > 0:
+        log.info(f"Resuming: {start_file_idx} files already exist")
+    num_samples = len(dataset)
+    start_sample_idx = start_file_idx - args.start_idx
+    if start_sample_idx >= num_samples:
+        log.info("All samples already processed!")
+        return 0
+
     generator = VllmHiddenStatesGenerator(
         model_path=args.target_model_path,
         layer_ids=args.layer_ids,
         max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size,
     )
-    file_idx = 0
-    for start in range(0, len(samples), args.batch_size):
-        batch = samples[start : start + args.batch_size]
-        results = generator.generate([s["input_ids"] for s in batch])
-        for sample, result in zip(batch, results):
-            n = len(result["input_ids"])
-            torch.save(
-                {
+    delay = float(os.environ.get("SPECULATORS_DATAGEN_DELAY", "0"))
+    file_idx = start_file_idx
+    with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
+        pending = []
+        for i in range(start_sample_idx, num_samples, args.batch_size):
+            batch = dataset[i : min(i + args.batch_size, num_samples)]
+            batch_input_ids = [torch.tensor(s["input_ids"], dtype=torch.long) for s in batch]
+            batch_loss_mask = [torch.tensor(s["loss_mask"], dtype=torch.long) for s in batch]
+            results = generator.generate(batch_input_ids)
+            for j, result in enumerate(results):
+                input_len = len(result["input_ids"])
+                cleaned = {
                     "input_ids": result["input_ids"],
                     "hidden_states": [h.contiguous() for h in result["hidden_states"]],
-                    "loss_mask": torch.tensor(sample["loss_mask"][:n]),
-                },
-                out / f"data_{file_idx}.pt",
-            )
-            file_idx += 1
-    print(f"saved {file_idx} files to {out}")
+                    "loss_mask": batch_loss_mask[j][:input_len],
+                }
+                output_path = Path(args.output_dir) / f"data_{file_idx}.pt"
+                pending.append(pool.submit(save_sample_to_disk, cleaned, output_path))
+                file_idx += 1
+            if delay:
+                time.sleep(delay)
+        for future in as_completed(pending):
+            future.result()
+    samples_saved = file_idx - start_file_idx
+    save_config(args, generator, num_samples, args.output_dir)
+    return samples_saved
+
+
+def main():
+    args = parse_args()
+    lines = Path(args.train_data_path).read_text().splitlines()
+    dataset = [json.loads(line) for line in lines if line]
+    if args.max_samples is not None:
+        dataset = dataset[: args.max_samples]
+    saved = generate_and_save_hidden_states(args, dataset)
+    print(f"saved {saved} files to {args.output_dir}")
 
 
 if __name__ == "__main__":

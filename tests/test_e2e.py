@@ -381,11 +381,13 @@ def test_every_patch_is_shown_necessary():
     # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines asserted
     # in test_stock_generator_runs_correctly_with_the_shim; validated-release, api-inventory and
     # stock-calls: tests/test_preflight.py; offload-captured: not needed on the CPU, its copy is
-    # unit-tested in tests/test_offload.py
+    # unit-tested in tests/test_offload.py; worker-death, atomic-save: tests/test_crash_resume.py
+    # (the worker named in the error; the stock code alone keeps a truncated file, and five random
+    # kills end in the clean dataset)
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
         "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
-        "driver-threads", "runner-v1"} | set(NEEDED_WHERE)
+        "driver-threads", "runner-v1", "worker-death", "atomic-save"} | set(NEEDED_WHERE)
     assert {p.id for p in REGISTRY} <= shown
 
 

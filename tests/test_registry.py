@@ -393,6 +393,9 @@ def test_patches_are_discovered_and_ordered_by_priority():
     # checks see what the repairs changed
     assert by_id["v5"].priority < by_id["stock-calls"].priority < by_id["guard-output"].priority
     assert by_id["validated-release"].priority == min(p.priority for p in REGISTRY)
+    # worker-death wraps the MultiprocExecutor name v4 wrapped, and its generate() wrapper is the
+    # outermost: it sees the error after guard-input's recovery and report's line
+    assert max(by_id[p].priority for p in ("v4", "guard-input", "guard-output", "report")) < by_id["worker-death"].priority
 
 
 def test_patch_modules_do_not_import_each_other():

@@ -1,0 +1,139 @@
+"""Shared-memory segments a killed run leaves in /dev/shm, removed by the next run.
+
+vLLM's ``MultiprocExecutor`` talks to its workers through ring buffers in POSIX shared memory
+(``multiprocessing.shared_memory``, ``/dev/shm/psm_<hex>``): one the driver broadcasts on,
+one per worker for its replies, and the workers' own group buffers. A clean shutdown (or
+Python's resource tracker, when the driver exits) unlinks them; a SIGKILL of the whole job
+kills the tracker too, and the segments stay in /dev/shm -- that is, in RAM -- until someone
+removes them (measured on vLLM 0.16, TP=1: two segments, 240 MB and 160 MB virtual, 36 MB
+resident for the broadcast buffer).
+
+While ``speculators-compat run`` runs the stock data-generation script, :class:`Recorder`
+notes every ``psm_*`` segment mapped by the runner's process or its descendants (read from
+``/proc/<pid>/maps`` every half second) in ``<output-dir>/.speculators-compat-shm`` (a name
+the trainer ignores). The runner removes the file when it ends in any way it can see; a file
+found at the start of the next run therefore lists what a killed run left, and
+:func:`clean` unlinks those segments that still exist. The names are random and created
+with ``O_EXCL``, so an existing one can only be the killed run's; unlinking a segment a
+straggler still maps is harmless to it (the mapping stays valid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+__all__ = ["RECORD", "Recorder", "clean", "mapped", "descendants"]
+
+RECORD = ".speculators-compat-shm"
+_NAME = re.compile(r"/dev/shm/(psm_[0-9a-f]+)$")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, grandchildren, ... (from ``/proc/<pid>/task/*/children``)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in out:
+                    out.append(kid)
+                    todo.append(kid)
+    return out
+
+
+def mapped(pids) -> set[str]:
+    """The ``psm_*`` shared-memory names the processes map (not yet unlinked)."""
+    names: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                for line in fh:
+                    match = _NAME.search(line.rstrip("\n"))
+                    if match:
+                        names.add(match.group(1))
+        except OSError:
+            continue
+    return names
+
+
+class Recorder:
+    """Keeps ``<folder>/.speculators-compat-shm`` listing the segments this run maps."""
+
+    def __init__(self, folder: str | os.PathLike, interval: float = 0.5) -> None:
+        self.path = Path(folder) / RECORD
+        self.interval = interval
+        self.names: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="speculators-compat-shm-record")
+
+    def start(self) -> "Recorder":
+        self._thread.start()
+        return self
+
+    def poll(self) -> None:
+        me = os.getpid()
+        found = mapped([me, *descendants(me)])
+        if found - self.names:
+            self.names |= found
+            from .resume import atomic_path
+
+            with atomic_path(self.path) as tmp:
+                Path(tmp).write_text(json.dumps(sorted(self.names)), encoding="utf-8")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except OSError:
+                continue  # the folder went away, /proc raced: try again next time
+
+    def stop(self) -> None:
+        """The run ended in a way this process saw: its segments are unlinked by their owners
+        (or by the resource tracker when this process exits)."""
+        self._stop.set()
+        self._thread.join(timeout=2)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def clean(folder: str | os.PathLike) -> list[str]:
+    """Unlink the segments a killed run recorded in ``folder``; returns their names."""
+    path = Path(folder) / RECORD
+    try:
+        names = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError, ValueError):
+        names = []
+    removed = []
+    for name in names if isinstance(names, list) else []:
+        if not isinstance(name, str) or not re.fullmatch(r"psm_[0-9a-f]+", name):
+            continue
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue
+        removed.append(name)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    return removed

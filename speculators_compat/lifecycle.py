@@ -1,0 +1,47 @@
+"""The generators alive in this process, so that the runner can stop their vLLM workers.
+
+``speculators-compat run`` catches Ctrl-C (SIGINT) and SIGTERM around the stock script; it
+then shuts down the executor of every generator still alive here (stopping its worker
+processes) before it logs its one line and exits 130 / 143. The ``worker-death`` patch
+registers each generator as it is built. Nothing here imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+__all__ = ["track", "live", "shutdown_all"]
+
+_live: "weakref.WeakSet" = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def track(generator) -> None:
+    with _lock:
+        _live.add(generator)
+
+
+def live() -> list:
+    with _lock:
+        return list(_live)
+
+
+def shutdown_all() -> list[str]:
+    """Shut down the executor of every live generator; one description per executor.
+
+    The executor is taken off the generator first, so its ``__del__`` (stock, or the
+    ``report`` patch's) has nothing left to do."""
+    done = []
+    for generator in live():
+        executor = generator.__dict__.pop("executor", None)
+        if executor is None:
+            continue
+        workers = len(getattr(executor, "workers", None) or ())
+        try:
+            executor.shutdown()
+        except Exception as exc:  # report every executor, never raise while shutting down
+            done.append(f"executor shutdown failed ({type(exc).__name__}: {exc})")
+        else:
+            done.append(f"executor shut down, {workers} worker process(es) stopped")
+    return done

@@ -1,0 +1,313 @@
+"""Unit tests of the crash-safe output folder (no vLLM, no torch): the folder scan and repair,
+the atomic writes, the recognition of the stock script, and the runner's exit codes.
+
+A ``torch.save`` file is a zip archive with an ``<name>/data.pkl`` record; the tests write
+such archives with :mod:`zipfile` (what :func:`speculators_compat.resume.check_sample` reads).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from speculators_compat import resume
+
+HERE = Path(__file__).parent
+
+
+def sample(path: Path, n: int = 3) -> None:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{path.stem}/data.pkl", b"\x80\x02}q\x00." * n)
+        zf.writestr(f"{path.stem}/data/0", os.urandom(64 * n))
+        zf.writestr(f"{path.stem}/version", b"3\n")
+
+
+def folder_with(tmp_path: Path, n: int, config: bool = True) -> Path:
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(n):
+        sample(out / f"data_{i}.pt", i + 1)
+    if config:
+        (out / "data_config.json").write_text(json.dumps({"data": {"num_samples": n}}))
+    return out
+
+
+def test_a_complete_folder_resumes_at_its_end_and_moves_nothing(tmp_path):
+    out = folder_with(tmp_path, 6)
+    plan = resume.scan(out)
+    assert plan.resume_at == 6 and plan.set_aside == {}
+    assert resume.describe(plan, None).endswith("resuming at data_6.pt; kept data_0.pt .. data_5.pt (6 complete samples); nothing set aside")
+
+
+def test_truncated_file_hole_and_missing_config(tmp_path):
+    out = folder_with(tmp_path, 12, config=False)
+    blob = (out / "data_5.pt").read_bytes()
+    (out / "data_5.pt").write_bytes(blob[:-30])  # the central directory is cut off
+    (out / "data_8.pt").unlink()
+    (out / "data_3.pt").write_bytes(b"")
+    plan = resume.scan(out)
+    # data_3 (empty) is the first unreadable index; with no config, data_2 is regenerated too
+    assert plan.resume_at == 2
+    assert plan.set_aside["data_3.pt"] == "empty file"
+    assert plan.set_aside["data_5.pt"].startswith("not a complete torch.save archive")
+    assert plan.set_aside["data_2.pt"].startswith("data_config.json missing")
+    assert set(plan.set_aside) == {f"data_{i}.pt" for i in (2, 3, 4, 5, 6, 7, 9, 10, 11)}
+    text = resume.summarize(plan.set_aside)
+    assert "data_4.pt," in text and "data_6.pt .. data_7.pt" in text and "data_9.pt .. data_11.pt" in text
+
+
+def test_a_config_that_does_not_describe_the_kept_files_is_set_aside(tmp_path):
+    out = folder_with(tmp_path, 5)
+    (out / "data_config.json").write_text(json.dumps({"data": {"num_samples": 3}}))
+    plan = resume.scan(out)
+    assert plan.resume_at == 4
+    assert "describes 3 samples, 5 are complete" in plan.set_aside["data_config.json"]
+    (out / "data_config.json").write_text("{\"data\": {\"num_sa")  # cut short
+    assert "unreadable" in resume.scan(out).set_aside["data_config.json"]
+
+
+def test_names_the_stock_resume_misreads_and_temporary_files(tmp_path):
+    out = folder_with(tmp_path, 3)
+    sample(out / "data_07.pt")  # int("07") == 7: the stock resume would jump to 8
+    sample(out / "data_-1.pt")
+    (out / ".data_3.pt.x1y2.tmp").write_bytes(b"partial")
+    (out / "notes.txt").write_text("not ours")
+    (out / "data_x.pt").write_text("not an index")
+    plan = resume.scan(out)
+    assert plan.resume_at == 3
+    assert set(plan.set_aside) == {"data_07.pt", "data_-1.pt", ".data_3.pt.x1y2.tmp"}
+
+
+def test_prepare_moves_files_aside_with_a_manifest_and_logs_one_line(tmp_path, caplog):
+    out = folder_with(tmp_path, 8, config=False)
+    (out / "data_4.pt").unlink()
+    with caplog.at_level(logging.INFO, logger="speculators_compat.run"):
+        plan = resume.prepare(out)
+    try:
+        assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_2.pt"]
+        dest = next((tmp_path / "out.set-aside").iterdir())
+        moved = sorted(p.name for p in dest.iterdir())
+        assert moved == ["MANIFEST.txt", "data_3.pt", "data_5.pt", "data_6.pt", "data_7.pt"]
+        manifest = (dest / "MANIFEST.txt").read_text().splitlines()
+        assert manifest[0].endswith("the run resumed at data_3.pt")
+        assert manifest[1].startswith("data_7.pt\t")  # highest first: an interrupted repair is redone
+        lines = [r.getMessage() for r in caplog.records if r.name == "speculators_compat.run"]
+        assert len(lines) == 1 and str(dest) in lines[0] and "resuming at data_3.pt" in lines[0]
+        assert plan.resume_at == 3 and resume.protected(out / "data_3.pt") == out / "data_3.pt"
+    finally:
+        resume.finish()
+        resume.unprotect()
+
+
+def test_a_new_folder_is_created_locked_and_protected(tmp_path, caplog):
+    out = tmp_path / "new" / "out"
+    with caplog.at_level(logging.INFO, logger="speculators_compat.run"):
+        resume.prepare(out)
+    try:
+        assert out.is_dir()
+        assert "no complete sample yet, the run starts at data_0.pt" in caplog.text
+        # a second process on the same folder is refused while this one holds it
+        code = (
+            "import sys; from speculators_compat import resume\n"
+            "try:\n    resume.lock(resume.Path(sys.argv[1]))\n"
+            "except resume.OutputFolderError as e:\n    print('refused:', e)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.stdout.startswith("refused:") and "in use by another run" in proc.stdout, proc.stderr
+    finally:
+        resume.finish()
+        resume.unprotect()
+    assert not (out / ".speculators-compat-shm").exists()
+
+
+def test_atomic_path_renames_complete_files_only(tmp_path):
+    final = tmp_path / "data_0.pt"
+    final.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with resume.atomic_path(final) as tmp:
+            Path(tmp).write_bytes(b"half")
+            raise RuntimeError("killed")
+    assert final.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["data_0.pt"]
+    resume.protect(tmp_path)
+    try:
+        with resume.atomic_path(final) as tmp:
+            assert Path(tmp).parent == tmp_path and Path(tmp).name.startswith(".data_0.pt.")
+            Path(tmp).write_bytes(b"new")
+        assert final.read_bytes() == b"new"
+        umask = os.umask(0o022)
+        os.umask(umask)
+        assert stat.S_IMODE(final.stat().st_mode) == 0o666 & ~umask
+    finally:
+        resume.unprotect()
+
+
+def test_only_direct_children_of_a_protected_folder_are_protected(tmp_path):
+    resume.protect(tmp_path / "out")
+    try:
+        assert resume.protected(str(tmp_path / "out" / "data_1.pt")) == tmp_path / "out" / "data_1.pt"
+        assert resume.protected(tmp_path / "out" / "sub" / "data_1.pt") is None
+        assert resume.protected(tmp_path / "other" / "data_1.pt") is None
+        assert resume.protected(tmp_path / "out" / ".data_1.pt.ab12.tmp") is None
+        assert resume.protected(object()) is None
+    finally:
+        resume.unprotect()
+    assert resume.protected(tmp_path / "out" / "data_1.pt") is None
+
+
+def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):
+    from speculators_compat.patches.atomic_save import _path_write
+
+    out = tmp_path / "out"
+    out.mkdir()
+    resume.protect(out)
+    try:
+        seen = []
+
+        def wrapped(data):  # what wrapt passes: the bound original, here a recorder
+            seen.append(data)
+
+        config = out / "data_config.json"
+        _path_write(Path.write_text.__get__(config), config, ("{}",), {})
+        assert config.read_text() == "{}" and seen == []  # written through a temporary file
+        other = tmp_path / "elsewhere.json"
+        _path_write(wrapped, other, ("x",), {})
+        assert seen == ["x"]  # outside the folder: the original call
+    finally:
+        resume.unprotect()
+    assert sorted(p.name for p in out.iterdir()) == ["data_config.json"]
+
+
+def test_the_stand_in_is_recognised_and_a_changed_copy_is_not(tmp_path):
+    found = resume.recognise(HERE / "stock_datagen.py")
+    assert found is not None and found.known and found.variant == "0.3"
+    changed = tmp_path / "changed.py"
+    changed.write_text((HERE / "stock_datagen.py").read_text().replace("torch.save(data_dict", "my_save(data_dict"))
+    found = resume.recognise(changed)
+    assert found is not None and found.problems == ("save_sample_to_disk() does not call torch.save",)
+    assert resume.recognise(HERE / "scenario.py") is None
+
+
+STOCK_LIKE = '''
+import argparse, os, signal, sys, time
+from pathlib import Path
+
+def find_last_checkpoint(output_dir):
+    max_index = -1
+    for p in Path(output_dir).iterdir():
+        if p.name.startswith("data_") and p.name.endswith(".pt"):
+            max_index = max(max_index, int(p.stem[5:]))
+    return max_index + 1
+
+def save_sample_to_disk(data_dict, output_path):
+    torch.save(data_dict, output_path)
+
+def generate_and_save_hidden_states(args, dataset):
+    start = find_last_checkpoint(args.output_dir)
+    file_idx = start
+    (Path(args.output_dir) / f"data_{file_idx}.pt").write_bytes(b"not written by torch")
+    (Path(args.output_dir) / "data_config.json").write_text("{}")
+    print("resumed at", start, flush=True)
+    if args.then == "sigint":
+        raise KeyboardInterrupt
+    if args.then == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--output-dir")
+    ap.add_argument("--then", default="")
+    generate_and_save_hidden_states(ap.parse_args(), None)
+'''
+
+
+@pytest.mark.parametrize("then, code", [("", 0), ("sigint", 130), ("sigterm", 143)])
+def test_runner_repairs_the_folder_then_exits_130_or_143_on_an_interrupt(tmp_path, then, code):
+    script = tmp_path / "data_generation_offline.py"
+    script.write_text(STOCK_LIKE)
+    out = folder_with(tmp_path, 4, config=False)
+    (out / "data_2.pt").write_bytes(b"truncated")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "speculators_compat.run", str(script), "--output-dir", str(out), "--then", then],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+    )
+    assert proc.returncode == code, proc.stderr
+    assert "resumed at 1" in proc.stdout  # data_2 unreadable, and no config: data_1 is redone
+    assert "output folder" in proc.stderr and "resuming at data_1.pt" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json"]
+    if code:
+        signame = "SIGINT (Ctrl-C)" if code == 130 else "SIGTERM"
+        assert f"interrupted by {signame}: no live generator to stop; exit code {code}" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_runner_refuses_a_script_that_looks_stock_but_saves_differently(tmp_path):
+    script = tmp_path / "data_generation_offline.py"
+    script.write_text(STOCK_LIKE.replace("return max_index + 1", "return max_index"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    cmd = [sys.executable, "-m", "speculators_compat.run", str(script), "--output-dir", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 1
+    assert "find_last_checkpoint() does not resume at max(index) + 1" in proc.stderr
+    assert "SPECULATORS_COMPAT_DISABLE=resume" in proc.stderr
+    env["SPECULATORS_COMPAT_DISABLE"] = "resume"
+    (tmp_path / "o").mkdir()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0 and "resumed at -1" in proc.stdout and "output folder" not in proc.stderr
+
+
+def test_sample_lengths_of_the_04_script_are_completed_for_the_kept_samples(tmp_path):
+    torch = pytest.importorskip("torch")
+    out = tmp_path / "out"
+    out.mkdir()
+    for i, n in enumerate([5, 9, 3, 7]):
+        torch.save({"input_ids": torch.arange(n), "hidden_states": [torch.zeros(n, 4)]}, out / f"data_{i}.pt")
+    (out / "sample_lengths.json").write_text(json.dumps({"1": 9, "3": 7, "12": 4}))
+    assert resume.rebuild_lengths(out, 3) == 2  # 0 and 2 were missing; 3 and 12 will be written again
+    assert json.loads((out / "sample_lengths.json").read_text()) == {"0": 5, "1": 9, "2": 3}
+    assert resume.rebuild_lengths(out, 3) == 0
+    (out / "sample_lengths.json").write_text("{\"0\": 5, \"1")  # cut short by a kill
+    assert resume.rebuild_lengths(out, 4) == 4
+    assert json.loads((out / "sample_lengths.json").read_text()) == {"0": 5, "1": 9, "2": 3, "3": 7}
+
+
+def test_shared_memory_a_killed_run_left_is_removed_by_the_next_run(tmp_path):
+    from multiprocessing import resource_tracker, shared_memory
+
+    from speculators_compat import leftovers
+
+    out = tmp_path / "out"
+    out.mkdir()
+    recorder = leftovers.Recorder(out)
+    shm = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        recorder.poll()  # what the recording thread does every half second
+        assert shm.name in json.loads((out / leftovers.RECORD).read_text())
+        # the run is killed outright: nobody unlinks the segment, the record stays
+        assert leftovers.clean(out) == [shm.name]
+        assert not os.path.exists(f"/dev/shm/{shm.name}") and not (out / leftovers.RECORD).exists()
+        assert leftovers.clean(out) == []
+    finally:
+        shm.close()
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - removed above
+
+
+def test_a_run_that_ends_normally_leaves_no_record(tmp_path):
+    from speculators_compat import leftovers
+
+    recorder = leftovers.Recorder(tmp_path, interval=0.05).start()
+    (tmp_path / leftovers.RECORD).write_text('["psm_0"]')  # as if something had been recorded
+    recorder.stop()
+    assert not (tmp_path / leftovers.RECORD).exists()
