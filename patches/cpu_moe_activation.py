@@ -51,7 +51,12 @@ def probe(module) -> Probe:
 
     if not current_platform.is_cpu():
         return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    moe = _module()
+    try:
+        moe = _module()
+    except ModuleNotFoundError as exc:
+        if exc.name != MOE:
+            raise
+        return _judge(False, "", "")  # no CPU fused-MoE module (0.29 nightlies): no lazy dict either
     lazy = getattr(moe, LAZY, None)
     if lazy is None:
         return _judge(False, "", "")
@@ -63,6 +68,8 @@ def static_probe(view) -> Probe:
     if not view.cpu:
         return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
     if view.vllm.module_file(MOE) is None:
+        if view.vllm.found:  # vLLM is there, the module is gone (0.29 nightlies): no lazy dict either
+            return _judge(False, "", "")
         raise LookupError(f"cannot read {MOE} from the installed sources")
     if not view.vllm.mro(MOE, LAZY):
         return _judge(False, "", "")

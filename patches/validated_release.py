@@ -25,8 +25,8 @@ from speculators_compat.registry import Cause, Kind, Patch, Probe, Side, context
 from ._common import GENERATOR, SPECULATORS_ALL
 
 
-def _judge(prior=None) -> Probe:  # noqa: ARG001 (a preflight check's signature)
-    ctx = context()
+def _judge(prior=None, installed=None) -> Probe:  # noqa: ARG001 (a preflight check's signature)
+    ctx = context(installed)
     if ctx.record is not None:
         rec = ctx.record
         line = f"{ctx.vllm.base.major}.{ctx.vllm.base.minor}"
@@ -47,7 +47,7 @@ def probe(module, prior) -> Probe:  # noqa: ARG001
 
 
 def static_probe(view, prior) -> Probe:  # noqa: ARG001
-    return _judge(prior)
+    return _judge(prior, getattr(view, "installed", None))
 
 
 def apply(module, patcher) -> None:

