@@ -67,13 +67,20 @@ def main() -> int:
     ap.add_argument("--steps", default="layers,start,mixed,repeat,chunked,leak,badinput,overlong,prefix,soak")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--tol", type=float, default=1e-4, help="max abs diff against HF fp32")
+    ap.add_argument("--default-layers", action="store_true",
+                    help="construct with layer_ids=None: the stock default [2, L // 2, L - 3, L - 1]")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     steps = args.steps.split(",")
     TOLERANCE[0] = args.tol
     with open(os.path.join(args.model, "config.json")) as fh:
-        num_layers = json.load(fh)["num_hidden_layers"]
-    LAYERS[:] = sorted({0, min(2, num_layers - 1), max(num_layers - 3, 1), num_layers - 1})
+        config = json.load(fh)
+    # a multimodal wrapper (Kimi-K2.5) keeps the layer count in its text config
+    num_layers = config.get("num_hidden_layers") or config["text_config"]["num_hidden_layers"]
+    if args.default_layers:
+        LAYERS[:] = sorted({2, num_layers // 2, num_layers - 3, num_layers - 1})
+    else:
+        LAYERS[:] = sorted({0, min(2, num_layers - 1), max(num_layers - 3, 1), num_layers - 1})
 
     from speculators_compat import tiny
 
@@ -121,10 +128,12 @@ def main() -> int:
         if args.max_num_batched_tokens:
             extra["max_num_batched_tokens"] = args.max_num_batched_tokens
         holder["gen"] = VllmHiddenStatesGenerator(
-            args.model, layer_ids=LAYERS, max_model_len=2048, tensor_parallel_size=args.tp, **extra
+            args.model, layer_ids=None if args.default_layers else LAYERS, max_model_len=2048,
+            tensor_parallel_size=args.tp, **extra
         )
         workers = holder["gen"].executor.collective_rpc(lambda self: __import__("speculators_compat").applied_ids())
-        return {"applied": speculators_compat.applied_ids(), "workers": workers}
+        return {"applied": speculators_compat.applied_ids(), "workers": workers,
+                "layer_ids": list(holder["gen"].layer_ids)}
 
     rng = random.Random(1234)
     lengths = [1, 2, 3, 17, 299, 300] + [rng.randint(1, 300) for _ in range(36)]
