@@ -66,8 +66,12 @@ def where_delta(pid):
 
 
 # vLLM has no CPU backend for MLA: its non-MLA path runs the same weights.
-MODEL_ENV = {"deepseek_v3": {"VLLM_MLA_DISABLE": "1"}}
-HIDDEN = {"llama": 128, "qwen3": 96, "deepseek_v3": 128}
+MODEL_ENV = {"deepseek_v3": {"VLLM_MLA_DISABLE": "1"}, "kimi_k25": {"VLLM_MLA_DISABLE": "1"}}
+HIDDEN = {"llama": 128, "qwen3": 96, "deepseek_v3": 128, "kimi_k25": 128}
+# Kimi-K2.5 (tiny.build_kimi_k25): on vLLM 0.15.x's CPU build its own weight loader stacks q_a_proj
+# into fused_qkv_a_proj, a parameter only the MLA attention has (KeyError with VLLM_MLA_DISABLE=1),
+# so there the tiny model has no q LoRA (q_proj): the only MLA dimension that differs.
+BUILD_KWARGS = {"kimi_k25": {"q_lora_rank": None}} if RELEASE < Version("0.16") else {}
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +83,7 @@ def build(tmp_path_factory):
     def get(name):
         if name not in built:
             builder = getattr(tiny, f"build_{name}")
-            built[name] = str(builder(tmp_path_factory.mktemp(f"tiny-{name}")))
+            built[name] = str(builder(tmp_path_factory.mktemp(f"tiny-{name}"), **BUILD_KWARGS.get(name, {})))
         return built[name]
 
     return get
@@ -100,7 +104,9 @@ def scenario(model, tmp_path, *, disable="", tp=1, steps=None, extra_env=None, a
     if steps:
         cmd += ["--steps", ",".join(steps)]
     cmd += list(args)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    # stdin closed: transformers' "trust remote code? [y/N]" prompt must not wait for a terminal
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
     data = json.loads(out.read_text())
     data["steps"]["log"] = {"ok": True, "value": data["log"]}
@@ -163,10 +169,12 @@ def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
     assert "InvalidInputError" in layers["not ints"] and "InvalidInputError" in layers["empty"]
 
 
+# Kimi-K2.5 runs at TP=2 wherever it runs (the real model only runs tensor-parallel)
 TP2_MODELS = [m for m in ("llama", "deepseek_v3") if m in MODELS] if ENV is None or ENV.tp2 else []
+TP2_MODELS += [m for m in ("kimi_k25",) if m in MODELS]
 
 
-@suite_is("full", "release")
+@suite_is("full", "release", "spec04")
 @pytest.mark.parametrize("name", TP2_MODELS or [pytest.param("-", marks=pytest.mark.skip(reason="no TP=2 here"))])
 def test_tensor_parallel_2_with_spawned_workers(build, tmp_path, name):
     # speculators_compat is imported in main() only: spawned workers are patched solely
@@ -179,6 +187,55 @@ def test_tensor_parallel_2_with_spawned_workers(build, tmp_path, name):
     assert report["mixed"]["value"] <= 1e-4
     assert report["leak"]["value"] == [0, 0]
     assert len(report["start"]["value"]["workers"]) == 2
+
+
+# Kimi-K2.5: a tiny checkpoint shaped like moonshotai/Kimi-K2.5 (tiny.build_kimi_k25: kimi_k25
+# config with a DeepSeek-V3 text config, a MoonViT tower and projector, the real weight names and
+# local stand-ins for its remote code: config, media processor, tiktoken tokenizer), run through
+# vLLM's own KimiK25ForConditionalGeneration and compared with HF DeepseekV3ForCausalLM on its
+# language-model weights (the scenario above, and these). speculators 0.4.x replaces the base
+# model's forward at `get_language_model().model`: on 0.16 the DeepSeek base model; 0.15.x's bare
+# DeepseekV2Model has no `.model` (from the source): no Kimi in the 0.15.x spec04 environments.
+with_kimi = pytest.mark.skipif("kimi_k25" not in MODELS, reason="no Kimi-K2.5 in this environment")
+
+
+@suite_is("full", "release", "spec04")
+@with_kimi
+def test_kimi_k25_extraction_matches_hf_with_the_default_layer_ids(build, tmp_path):
+    """layer_ids=None: the stock default [2, L // 2, L - 3, L - 1] from the text config's layer
+    count (the wrapper config has none), here [2, 3, 4, 6] for 7 layers; bad ids get the stock
+    out-of-bounds error naming [0, 6]."""
+    report = scenario(build("kimi_k25"), tmp_path, steps=["layers", "start", "mixed"],
+                      extra_env=MODEL_ENV["kimi_k25"], args=["--default-layers"], name="kimi_k25")
+    assert failures(report) == {}
+    assert report["start"]["value"]["layer_ids"] == [2, 3, 4, 6]
+    assert report["mixed"]["value"] <= 1e-4
+    assert ", layers [2, 3, 4, 6], hidden 128, float32, " in report["log"]["value"][0]
+    layers = report["layers"]["value"]
+    assert "out of bounds [0, 6]" in layers["out of range"] and "out of bounds [0, 6]" in layers["negative"]
+    assert "InvalidInputError" in layers["not ints"] and "InvalidInputError" in layers["empty"]
+
+
+@suite_is("full", "release", "spec04")
+@with_kimi
+@where_delta("tokenizer-trust")
+def test_kimi_k25_tokenizer_is_remote_code(build, tmp_path):
+    """Kimi's tokenizer is the checkpoint's own code (tokenization_kimi.py through auto_map, no
+    tokenizer.json); the stock generator loads it without trust_remote_code and stops."""
+    report = scenario(build("kimi_k25"), tmp_path, disable="tokenizer-trust", steps=["start"],
+                      extra_env=MODEL_ENV["kimi_k25"])
+    assert "Please pass the argument `trust_remote_code=True`" in failures(report)["start"]
+
+
+@suite_is("full", "release", "spec04")
+@with_kimi
+@where_delta("cpu-kimi-k25-device")
+def test_kimi_k25_on_cpu_needs_the_device_patch(build, tmp_path):
+    """vLLM 0.15.x: KimiK25ForConditionalGeneration asks torch.cuda for its device; without the
+    patch no worker builds the model on the CPU platform."""
+    report = scenario(build("kimi_k25"), tmp_path, disable="cpu-kimi-k25-device", steps=["start"],
+                      extra_env=MODEL_ENV["kimi_k25"], timeout=900)
+    assert "start" in failures(report)
 
 
 @suite_is("stock")
@@ -383,11 +440,13 @@ def test_every_patch_is_shown_necessary():
     # stock-calls: tests/test_preflight.py; offload-captured: not needed on the CPU, its copy is
     # unit-tested in tests/test_offload.py; worker-death, atomic-save: tests/test_crash_resume.py
     # (the worker named in the error; the stock code alone keeps a truncated file, and five random
-    # kills end in the clean dataset)
+    # kills end in the clean dataset); tokenizer-trust: test_kimi_k25_tokenizer_is_remote_code;
+    # cpu-kimi-k25-device: test_kimi_k25_on_cpu_needs_the_device_patch (vLLM 0.15.x)
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
         "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
-        "driver-threads", "runner-v1", "worker-death", "atomic-save"} | set(NEEDED_WHERE)
+        "driver-threads", "runner-v1", "worker-death", "atomic-save", "tokenizer-trust",
+        "cpu-kimi-k25-device"} | set(NEEDED_WHERE)
     assert {p.id for p in REGISTRY} <= shown
 
 
@@ -434,32 +493,42 @@ def test_static_and_deep_check_agree(tmp_path):
     assert static["covered"] == deep["covered"]
 
 
-@suite_is("full")
+@suite_is("full", "release", "spec04")
+@with_kimi
 def test_kimi_k25_base_model_path_matches_the_real_vllm_classes():
-    """The real vLLM classes nest the DeepSeek base model of KimiK25ForConditionalGeneration as
-    ``language_model.model`` and v3 finds it there, not at ``model``."""
+    """The real vLLM classes nest the DeepSeek base model as ``language_model.model`` (0.16: a
+    ``DeepseekV2ForCausalLM``) or ``language_model`` (0.15.x: a bare ``DeepseekV2Model``), and v3
+    finds it there, not at ``model`` (without building a model; the tiny Kimi-K2.5 runs end to
+    end in the scenario and the test_kimi_k25_* tests)."""
     import inspect
 
     import torch
-    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
     from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
 
     from speculators_compat.patches.v3_worker_capture import find_base_model
 
     init = inspect.getsource(KimiK25ForConditionalGeneration.__init__)
-    assert "self.language_model = init_vllm_registered_model(" in init
-    assert 'architectures=["DeepseekV2ForCausalLM"]' in init
-    assert "self.model = self.model_cls(" in inspect.getsource(DeepseekV2ForCausalLM.__init__)
-
     kimi = KimiK25ForConditionalGeneration.__new__(KimiK25ForConditionalGeneration)
     torch.nn.Module.__init__(kimi)
-    lm = DeepseekV2ForCausalLM.__new__(DeepseekV2ForCausalLM)
-    torch.nn.Module.__init__(lm)
-    lm.model = torch.nn.Module()
-    lm.model.layers = torch.nn.ModuleList([torch.nn.Identity()])
-    kimi.language_model = lm
+    layers = torch.nn.ModuleList([torch.nn.Identity()])
+    if RELEASE >= Version("0.16"):
+        assert "self.language_model = init_vllm_registered_model(" in init
+        assert 'architectures=["DeepseekV2ForCausalLM"]' in init
+        assert "self.model = self.model_cls(" in inspect.getsource(DeepseekV2ForCausalLM.__init__)
+        lm = DeepseekV2ForCausalLM.__new__(DeepseekV2ForCausalLM)
+        torch.nn.Module.__init__(lm)
+        lm.model = torch.nn.Module()
+        lm.model.layers = layers
+        kimi.language_model, want, where = lm, lm.model, "language_model.model"
+    else:
+        assert "self.language_model = DeepseekV2Model(" in init
+        lm = DeepseekV2Model.__new__(DeepseekV2Model)
+        torch.nn.Module.__init__(lm)
+        lm.layers = layers
+        kimi.language_model, want, where = lm, lm, "language_model"
     base, path = find_base_model(kimi)
-    assert path == "language_model.model" and base is lm.model
+    assert path == where and base is want
 
 
 @suite_is("full")
