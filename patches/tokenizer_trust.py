@@ -28,8 +28,10 @@ with ``trust_remote_code=True`` (new); the tokenizer call passes ``trust_remote_
 no tokenizer call, or the generator trusts no remote code at all (old: not needed); no config call
 (unknown).
 
-Kind: a fix of the stock code (it stops the generator, it does not change data); like every
-repair it applies only on releases whose validation record lists it, and is refused elsewhere.
+Kind: a feature (it lets models with a remote-code tokenizer run; it changes no data, and
+without it those models fail loudly before the engine starts): it applies on releases whose
+validation record lists it and is left off elsewhere, so a release validated before it existed
+stays usable for every other model.
 Range: vLLM 0.11.1 and later (the delta does not depend on vLLM; on 0.11.0, what speculators
 0.3.0 was written for, nothing of ours wraps the stock code). Covers: speculators 0.3.x and 0.4.x
 (same code).
@@ -130,7 +132,7 @@ PATCH = Patch(
     "(as AutoConfig and ModelConfig already get)",
     api="speculators VllmHiddenStatesGenerator.__init__: AutoTokenizer.from_pretrained",
     side=Side.DRIVER,
-    kind=Kind.FIX,
+    kind=Kind.FEATURE,
     priority=13,
     target=GENERATOR,
     vllm=SINCE_TWO_PHASE,
