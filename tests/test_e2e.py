@@ -243,12 +243,13 @@ def test_kimi_k25_on_cpu_needs_the_device_patch(build, tmp_path):
 
 
 @suite_is("stock")
-def test_stock_code_passes_where_no_delta_exists(model, tmp_path):
+@pytest.mark.parametrize("name", MODELS)
+def test_stock_code_passes_where_no_delta_exists(build, tmp_path, name):
     """vLLM 0.11.0 is what speculators 0.3.0 was written for: no delta patch applies, and the
     stock code alone extracts correct data. Its own dtype="auto" runs the fp32 checkpoint in
     bf16 (no dtype option there), so the comparison with HF fp32 is at bf16 precision."""
-    report = scenario(model, tmp_path, steps=["start", "mixed", "repeat", "chunked", "prefix"], args=["--tol", "0.05"],
-                      name="llama")
+    report = scenario(build(name), tmp_path, steps=["start", "mixed", "repeat", "chunked", "prefix"],
+                      args=["--tol", "0.05"], name=name, extra_env=MODEL_ENV.get(name))
     assert failures(report) == {}
     # nothing wraps the stock code but the CPU stand-in for torch.cuda.mem_get_info (a GPU needs
     # nothing); the preflight checks (which wrap nothing) ran and passed
