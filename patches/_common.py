@@ -128,17 +128,17 @@ def generator_patch(what: str, wrappers: dict[str, Any]):
     return probe, static_probe, apply
 
 
-def generate_probes(judge):
-    """``(probe, static_probe)`` that pass the source of ``VllmHiddenStatesGenerator.generate``
+def generate_probes(judge, method: str = "generate"):
+    """``(probe, static_probe)`` that pass the source of ``VllmHiddenStatesGenerator.<method>``
     (imported, or read from the installed speculators) to ``judge``."""
 
     def probe(module) -> Probe:
-        return judge(source_of(module.VllmHiddenStatesGenerator.generate))
+        return judge(source_of(getattr(module.VllmHiddenStatesGenerator, method)))
 
     def static_probe(view) -> Probe:
-        src = view.speculators.source(GENERATOR, "VllmHiddenStatesGenerator", "generate")
+        src = view.speculators.source(GENERATOR, "VllmHiddenStatesGenerator", method)
         if not src:
-            raise LookupError(f"cannot read {GENERATOR}.VllmHiddenStatesGenerator.generate from the installed sources")
+            raise LookupError(f"cannot read {GENERATOR}.VllmHiddenStatesGenerator.{method} from the installed sources")
         return judge(src)
 
     return probe, static_probe

@@ -45,7 +45,7 @@ import logging
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import GENERATOR, SINCE_TWO_PHASE, SPECULATORS_ALL, source_of
+from ._common import GENERATOR, SINCE_TWO_PHASE, SPECULATORS_ALL, generate_probes
 
 log = logging.getLogger("speculators_compat")
 
@@ -85,15 +85,7 @@ def _judge(source: str) -> Probe:
     )
 
 
-def probe(module) -> Probe:
-    return _judge(source_of(module.VllmHiddenStatesGenerator.__init__))
-
-
-def static_probe(view) -> Probe:
-    source = view.speculators.source(GENERATOR, "VllmHiddenStatesGenerator", "__init__")
-    if not source:
-        raise LookupError(f"cannot read {GENERATOR}.VllmHiddenStatesGenerator.__init__ from the installed sources")
-    return _judge(source)
+probe, static_probe = generate_probes(_judge, "__init__")
 
 
 def _model_path(args, kwargs):
