@@ -2,6 +2,7 @@
 # The project's steps ON the GPU machine, from the checkout root:  bash gpu/run.sh STEP...
 # (gpu/device.sh is the measured recipe it extends; gpu/README.md "Project runs" gives the call plan.)
 #
+#   (PAY=.gpu26 takes the payload from .gpu26/ instead of .gpu/: vLLM 0.26.0, see gpu/README.md)
 #   stash     copy the carried vLLM part(s) .gpu/cN/* to /tmp/parts (a carried path is gone at the next call)
 #   deps      pip-install the carried wheels into /tmp/site: .gpu/whl (vLLM's missing imports),
 #             .gpu/w2 (speculators 0.3.0, loguru, compressed-tensors 0.15.0.1, wrapt) and, if carried,
@@ -13,7 +14,8 @@
 #   prepare   tests/gpu/prepare.py: the models (llama, dsv3, kimi INT4, perf 1.2B) and HF fp32
 #             references under /tmp/g016 -- no vLLM needed, so it runs in call 1
 #   vllm      join /tmp/parts/vllm.tar.xz.*, check the sha256, untar into /tmp/site
-#   extra     llguidance wheel + stripped xgrammar tarball (.gpu/x1) into /tmp/site
+#   extra     llguidance wheel + stripped xgrammar tarball (.gpu/x1) into /tmp/site (0.26: llguidance,
+#             xgrammar and apache-tvm-ffi wheels)
 #   import    python3 -c "import vllm; from vllm import LLM" (and speculators' generator)
 #   modcheck  gpu/modcheck.py: every missing third-party module of ~30 vLLM modules at once
 #   check     python3 -m speculators_compat.check (text) -> $OUT/check.txt
@@ -24,10 +26,14 @@
 #   smoke     gpu/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
 set -o pipefail
 SITE=${SITE:-/tmp/site}; PARTS=${PARTS:-/tmp/parts}   # overridable for a dry run elsewhere
+PAY=${PAY:-.gpu}   # the payload folder (gpu/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
 SITE_TF4=${SITE_TF4:-$SITE-tf4}   # transformers 4.57 + its hub/tokenizers, ahead of $SITE
 # TF5_RUNS=1: vLLM and the shim run on the image's transformers 5.x (once the shim supports it);
 # prepare (the model builders, the INT4 quantization, HF references) always uses transformers 4.57
-if [ "${TF5_RUNS:-0}" = 1 ]; then RUN_PATH=$SITE; else RUN_PATH=$SITE_TF4:$SITE; fi
+# (vLLM 0.26 requires transformers>=5.5.3: TF5_RUNS=1 is a must there). The runner's prepare phase
+# and the tests' `prepared` fixture get $SITE_TF4 first through G016_PREPARE_PYTHONPATH.
+if [ "${TF5_RUNS:-0}" = 1 ]; then RUN_PATH=$SITE; export G016_PREPARE_PYTHONPATH=$SITE_TF4:$SITE
+else RUN_PATH=$SITE_TF4:$SITE; fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=$RUN_PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 G016_ROOT=${G016_ROOT:-/tmp/g016}
@@ -53,11 +59,13 @@ for s in "$@"; do
   step "$s"
   case $s in
   stash)
-    mkdir -p "$PARTS"; cp -v .gpu/c*/* "$PARTS"/ 2>&1; ls -l "$PARTS" ;;
+    mkdir -p "$PARTS"; cp -v "$PAY"/c*/* "$PARTS"/ 2>&1; ls -l "$PARTS" ;;
   deps)
-    pipi .gpu/whl/*.whl .gpu/w2/*.whl
-    if [ -d .gpu/tf4 ]; then mkdir -p "$SITE_TF4"; pipi2 "$SITE_TF4" .gpu/tf4/*.whl; fi
-    python3 -c "import transformers, tokenizers, huggingface_hub, speculators, compressed_tensors, loguru, wrapt, pydantic
+    pipi "$PAY"/whl/*.whl "$PAY"/w2/*.whl
+    if [ -d "$PAY"/tf4 ]; then mkdir -p "$SITE_TF4"; pipi2 "$SITE_TF4" "$PAY"/tf4/*.whl; fi
+    # speculators 0.3.0 imports on transformers 5.x only through the shim (installed by `project`):
+    # check the wheels on the transformers 4.57 path
+    PYTHONPATH=$SITE_TF4:$SITE python3 -c "import transformers, tokenizers, huggingface_hub, speculators, compressed_tensors, loguru, wrapt, pydantic
 print('deps ok: transformers', transformers.__version__, 'hub', huggingface_hub.__version__, 'tokenizers', tokenizers.__version__,
       'compressed-tensors', compressed_tensors.__version__, 'wrapt', wrapt.__version__)" 2>&1 | tail -3 ;;
   project)
@@ -81,8 +89,10 @@ print('speculators_compat', m.version('speculators_compat'), 'from', speculators
     else python3 -c "import tarfile,sys;tarfile.open(sys.argv[1],'r:xz').extractall(sys.argv[2])" "$PARTS"/vllm.tar.xz "$SITE"; fi
     rm -f "$PARTS"/vllm.tar.xz; du -sh "$SITE"/vllm ;;
   extra)
-    pipi .gpu/x1/*.whl
-    tar -xJf .gpu/x1/xgrammar-*.tar.xz -C "$SITE" ;;
+    pipi "$PAY"/x1/*.whl
+    if ls "$PAY"/x1/xgrammar-*.tar.xz >/dev/null 2>&1; then tar -xJf "$PAY"/x1/xgrammar-*.tar.xz -C "$SITE"; fi
+    ( cd /tmp && python3 -c "import llguidance, xgrammar, importlib.metadata as m
+print('extra ok:', llguidance.__file__, xgrammar.__version__)" 2>&1 | tail -2 ) ;;
   import)
     ( cd /tmp && python3 -c "import time;t=time.time();import vllm;from vllm import LLM
 import speculators_compat

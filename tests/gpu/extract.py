@@ -60,6 +60,12 @@ def worker_info(worker):
         elif qm is not None and "Unquantized" not in type(qm).__name__:
             quant.add(f"{type(m).__name__}: {type(qm).__name__}")
     info = {"attention": sorted(attn), "moe": sorted(moe), "quantized_linear": sorted(quant)}
+    # which model runner this worker built (V1: vllm.v1.worker.gpu_model_runner; Model Runner V2:
+    # vllm.v1.worker.gpu.model_runner; CPU: vllm.v1.worker.cpu_model_runner) and what decided it
+    runner = worker.model_runner
+    info["model_runner"] = f"{type(runner).__module__}.{type(runner).__qualname__}"
+    info["use_v2_model_runner"] = getattr(worker, "use_v2_model_runner", None)
+    info["env_VLLM_USE_V2_MODEL_RUNNER"] = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     try:
         import speculators_compat
 
@@ -156,6 +162,15 @@ def main() -> int:
                               "chunked_prefill": getattr(sc, "enable_chunked_prefill", None),
                               "async_scheduling": getattr(sc, "async_scheduling", None)}
         value["dtype"] = str(gen.vllm_config.model_config.dtype)
+        # Model Runner V2 (vLLM >= 0.22): what the config resolved to, and whether this model would
+        # have got MRv2 by default (what runner-v1 prevents), as far as this release tells
+        value["env_VLLM_USE_V2_MODEL_RUNNER"] = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+        for key, fn in (("use_v2_model_runner", lambda c: c.use_v2_model_runner),
+                        ("default_v2_model", lambda c: c._is_default_v2_model_runner_model())):
+            try:
+                value[key] = fn(gen.vllm_config)
+            except Exception as exc:  # noqa: BLE001 - absent before 0.22
+                value[key] = f"n/a: {type(exc).__name__}"
         value["workers"] = gen.executor.collective_rpc(worker_info)
         return value
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 import common  # noqa: E402
 
 PHASES = {
-    "tp1": "check_reports or offload_pinned or tp1",
+    "tp1": "check_reports or offload_pinned or runner_v1 or tp1",
     "perf": "offload_memory_and_throughput",
     "tp2": "tp2",
 }
@@ -154,8 +154,13 @@ def main() -> int:
     for phase in phases:
         mark(f"start {phase}")
         if phase == "prepare":
+            # G016_PREPARE_PYTHONPATH (TF5_RUNS=1 bash gpu/run.sh): the model builders and HF references
+            # run on the carried transformers 4.57 while vLLM and the shim run on the image's 5.x
+            penv = dict(env)
+            if env.get("G016_PREPARE_PYTHONPATH"):
+                penv["PYTHONPATH"] = env["G016_PREPARE_PYTHONPATH"]
             with open(common.ROOT / "logs" / "prepare.log", "w") as log:
-                rc = subprocess.run([sys.executable, str(HERE / "prepare.py")], cwd=str(common.ROOT / "work"), env=env,
+                rc = subprocess.run([sys.executable, str(HERE / "prepare.py")], cwd=str(common.ROOT / "work"), env=penv,
                                     stdout=log, stderr=subprocess.STDOUT, timeout=max(60, deadline - time.time())).returncode
             results["prepare_rc"] = rc
             if (common.ROOT / "prepare.json").exists():
@@ -232,6 +237,10 @@ def summarize(results: dict) -> dict:
         steps = rep.get("steps", {})
         start = steps.get("start", {}).get("value") or {}
         row = {"start_ok": steps.get("start", {}).get("ok"), "kv_cache": start.get("kv_cache"),
+               "model_runner": {"driver_env": start.get("env_VLLM_USE_V2_MODEL_RUNNER"),
+                                "use_v2_model_runner": start.get("use_v2_model_runner"),
+                                "default_v2_model": start.get("default_v2_model"),
+                                "workers": [w.get("model_runner") for w in start.get("workers") or []]},
                "backends": (start.get("workers") or [{}])[0], "floor_bf16": rep.get("floor_bf16"), "floor_bf16_pooled": rep.get("floor_bf16_pooled")}
         for s in ("mixed", "chunked", "long"):
             v = steps.get(s)
@@ -257,6 +266,8 @@ def summarize(results: dict) -> dict:
                          "llm": (perf.get("llm") or {}).get("value")},
             "errors": {k: v.get("error", "")[:300] for k, v in perf.items() if not v.get("ok")},
         }
+    if "runner_v1_refusal" in fig:
+        out["runner_v1_refusal"] = fig["runner_v1_refusal"]
     if "offload_unit_cuda" in fig:
         out["offload_unit_cuda"] = fig["offload_unit_cuda"]
     return out

