@@ -92,7 +92,7 @@ print('speculators_compat', m.version('speculators_compat'), 'from', speculators
     pipi "$PAY"/x1/*.whl
     if ls "$PAY"/x1/xgrammar-*.tar.xz >/dev/null 2>&1; then tar -xJf "$PAY"/x1/xgrammar-*.tar.xz -C "$SITE"; fi
     ( cd /tmp && python3 -c "import llguidance, xgrammar, importlib.metadata as m
-print('extra ok:', llguidance.__file__, xgrammar.__version__)" 2>&1 | tail -2 ) ;;
+print('extra ok:', *(d + ' ' + m.version(d) for d in ('llguidance', 'xgrammar')), xgrammar.GrammarMatcher.__name__)" 2>&1 | tail -2 ) ;;
   import)
     ( cd /tmp && python3 -c "import time;t=time.time();import vllm;from vllm import LLM
 import speculators_compat
