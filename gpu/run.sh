@@ -34,6 +34,9 @@ SITE_TF4=${SITE_TF4:-$SITE-tf4}   # transformers 4.57 + its hub/tokenizers, ahea
 # and the tests' `prepared` fixture get $SITE_TF4 first through G016_PREPARE_PYTHONPATH.
 if [ "${TF5_RUNS:-0}" = 1 ]; then RUN_PATH=$SITE; export G016_PREPARE_PYTHONPATH=$SITE_TF4:$SITE
 else RUN_PATH=$SITE_TF4:$SITE; fi
+# vLLM 0.26's V1 sampler imports flashinfer (not in the payload) unless its sampler is off; the
+# extraction never samples
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$RUN_PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 G016_ROOT=${G016_ROOT:-/tmp/g016}
