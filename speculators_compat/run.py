@@ -5,6 +5,11 @@ Like ``ddtrace-run`` or ``opentelemetry-instrument``: the script runs unchanged 
 processes vLLM spawns, which get the patches through the ``vllm.general_plugins`` entry
 point). ``-m MODULE`` runs a module instead of a file.
 
+The runner also puts ``speculators_compat/bootstrap`` first on ``PYTHONPATH``: every process it
+starts imports ``speculators_compat`` at start-up (its ``sitecustomize``), so a process that
+multiprocessing *spawns* -- which re-imports the script before vLLM loads its plugins -- imports
+``speculators`` with the hooks armed too.
+
 Two more things happen around the script:
 
 * speculators' offline data-generation script (``data_generation_offline.py``, recognised
@@ -122,6 +127,18 @@ def _stop(signame: str, code: int) -> int:
     return code
 
 
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+
+
+def _arm_children() -> None:
+    """Every Python process started from here on imports ``speculators_compat`` first (see the
+    module docstring); the folder holding the package follows it, for a source checkout."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    front = [p for p in (BOOTSTRAP, package_root) if p not in current]
+    os.environ["PYTHONPATH"] = os.pathsep.join(front + current)
+
+
 def _run(argv: list[str]) -> int:
     if argv[0] == "-m":
         if len(argv) < 2:
@@ -159,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     from .resume import OutputFolderError
 
     speculators_compat.apply()
+    _arm_children()
 
     def on_sigterm(signum, frame):
         raise Terminated()

@@ -311,3 +311,53 @@ def test_a_run_that_ends_normally_leaves_no_record(tmp_path):
     (tmp_path / leftovers.RECORD).write_text('["psm_0"]')  # as if something had been recorded
     recorder.stop()
     assert not (tmp_path / leftovers.RECORD).exists()
+
+
+SPAWNING_SCRIPT = '''
+import sys
+# what a stock script's top-level "import speculators" would find: the hooks armed or not
+ARMED = "speculators_compat" in sys.modules
+
+
+def child(queue):
+    import __main__
+    queue.put(__main__.ARMED)
+
+
+if __name__ == "__main__":
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # as vLLM starts its workers
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    print("child re-imported the script with the hooks armed:", queue.get(timeout=120))
+    proc.join()
+'''
+
+
+def test_a_process_spawned_from_a_runner_script_imports_the_script_with_the_hooks_armed(tmp_path):
+    # vLLM's workers are spawned: the child re-imports the script before vLLM loads its plugins
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNING_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-m", "speculators_compat.run", str(script)], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "hooks armed: True" in out.stdout
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path, env=env)
+    assert "hooks armed: False" in plain.stdout  # without the runner: what the test guards against
+
+
+def test_the_start_up_hook_runs_a_shadowed_sitecustomize(tmp_path):
+    from speculators_compat import run
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE'] = 'ran'\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([run.BOOTSTRAP, str(other)]))
+    out = subprocess.run([sys.executable, "-c", "import os, sys; print('speculators_compat' in sys.modules, "
+                          "os.environ.get('OTHER_SITECUSTOMIZE'))"], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env=env)
+    assert out.stdout.split() == ["True", "ran"], out.stderr[-2000:]
