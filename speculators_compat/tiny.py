@@ -181,7 +181,8 @@ def build_deepseek_v3(
     and shared experts, ``noaux_tc`` sigmoid routing), saved in fp32 with a local tokenizer.
 
     ``topk_method``/``scoring_func`` are written into the config because vLLM loads
-    ``e_score_correction_bias`` only for ``noaux_tc``.
+    ``e_score_correction_bias`` only for ``noaux_tc``. The weights are written in the hub's
+    layout (one tensor per expert, ``_hub_tensors``) on transformers 4.x and v5 alike.
     """
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -217,14 +218,116 @@ def build_deepseek_v3(
     )
     config.topk_method = "noaux_tc"
     config.scoring_func = "sigmoid"
+    config.num_nextn_predict_layers = 0  # no MTP layer (transformers v5's default is 1)
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(config).to(torch.float32)
     with torch.no_grad():  # a non-zero routing bias, so the test sees it used
         for layer in model.model.layers[config.first_k_dense_replace :]:
             layer.mlp.gate.e_score_correction_bias.uniform_(-0.1, 0.1)
-    model.save_pretrained(str(path), safe_serialization=True)
+    _save_hub_layout(model, path)
     build_tokenizer(path, vocab_size=min(vocab_size, 384))
     return path
+
+
+def _hub_tensors(model) -> dict:
+    """The model's weights named and laid out as the hub's checkpoints store them, whichever
+    transformers is installed: MoE experts one tensor per expert and projection
+    (``mlp.experts.{j}.gate_proj.weight``, ``up_proj``, ``down_proj`` -- real DeepSeek-V3 and
+    Kimi checkpoints, and what vLLM's loader reads). transformers 4.x keeps the experts that
+    way (a ModuleList); v5 fuses them into 3-D ``experts.gate_up_proj`` ([experts, 2 x
+    intermediate, hidden], gate rows then up rows) and ``experts.down_proj`` ([experts, hidden,
+    intermediate]), split here. Any other tensor is passed through."""
+    import torch
+
+    fused = {}
+    for name, module in model.named_modules():
+        if isinstance(getattr(module, "gate_up_proj", None), torch.nn.Parameter):
+            if not getattr(module, "is_concatenated", True) or getattr(module, "has_bias", False):
+                raise NotImplementedError(f"{name}: experts laid out interleaved or with biases")
+            fused[name] = getattr(module, "is_transposed", False)
+    out = {}
+    for name, tensor in model.state_dict().items():
+        owner, _, leaf = name.rpartition(".")
+        if owner in fused and leaf in ("gate_up_proj", "down_proj"):
+            if fused[owner]:  # stored [experts, in, out]
+                tensor = tensor.transpose(1, 2)
+            if leaf == "gate_up_proj":
+                gate, up = tensor.chunk(2, dim=1)
+                for j in range(tensor.shape[0]):
+                    out[f"{owner}.{j}.gate_proj.weight"] = gate[j].contiguous()
+                    out[f"{owner}.{j}.up_proj.weight"] = up[j].contiguous()
+            else:
+                for j in range(tensor.shape[0]):
+                    out[f"{owner}.{j}.down_proj.weight"] = tensor[j].contiguous()
+        else:
+            out[name] = tensor.contiguous()
+    return out
+
+
+def _model_layout(model, tensors: dict) -> dict:
+    """Hub-layout tensors (``_hub_tensors``) as ``model.load_state_dict`` wants them: the
+    per-expert tensors stacked into the fused experts of transformers v5 (unchanged on 4.x)."""
+    import torch
+
+    out = dict(tensors)
+    for name, module in model.named_modules():
+        if not isinstance(getattr(module, "gate_up_proj", None), torch.nn.Parameter):
+            continue
+        n = module.gate_up_proj.shape[0]
+        gate_up = torch.stack([torch.cat([out.pop(f"{name}.{j}.gate_proj.weight"),
+                                          out.pop(f"{name}.{j}.up_proj.weight")]) for j in range(n)])
+        down = torch.stack([out.pop(f"{name}.{j}.down_proj.weight") for j in range(n)])
+        if getattr(module, "is_transposed", False):
+            gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+        out[f"{name}.gate_up_proj"] = gate_up.contiguous()
+        out[f"{name}.down_proj"] = down.contiguous()
+    return out
+
+
+def _save_hub_layout(model, path: Path, prefix: str = "", extra: dict | None = None) -> None:
+    """Write ``model.safetensors`` in the hub layout (``_hub_tensors``, names under ``prefix``,
+    plus ``extra``) and, without a prefix, the model's config.json and generation_config.json --
+    not ``save_pretrained``, which on transformers v5 may keep the fused experts."""
+    from safetensors.torch import save_file
+
+    tensors = {f"{prefix}{name}": t for name, t in _hub_tensors(model).items()}
+    tensors.update(extra or {})
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    if not prefix:
+        model.config.architectures = [type(model).__name__]  # what save_pretrained records
+        model.config.save_pretrained(str(path))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(str(path))
+
+
+def _saved_tensors(path: str, prefix: str = "") -> dict:
+    """Every tensor of the checkpoint's safetensors files whose name starts with ``prefix``
+    (which is cut off)."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            out.update({k[len(prefix):]: v for k, v in load_file(os.path.join(path, name)).items()
+                        if k.startswith(prefix)})
+    return out
+
+
+def _check_holds(model, saved: dict, what: str) -> None:
+    """Raise unless ``model`` holds exactly the saved tensors: the same names (in the hub
+    layout) and bit-identical values -- no weight missing, left over or re-initialised (the
+    routing bias ``e_score_correction_bias`` and every expert included)."""
+    import torch
+
+    held = _hub_tensors(model)
+    missing, unexpected = sorted(set(saved) - set(held)), sorted(set(held) - set(saved))
+    if missing or unexpected:
+        raise AssertionError(f"{what}: the model lacks saved tensors {missing[:8]} "
+                             f"and has tensors not saved {unexpected[:8]}")
+    differ = [k for k in sorted(saved) if held[k].shape != saved[k].shape
+              or not torch.equal(held[k].to(saved[k].dtype), saved[k])]
+    if differ:
+        raise AssertionError(f"{what}: {len(differ)} tensors differ from the checkpoint: {differ[:8]}")
 
 
 #: the remote code the tiny Kimi-K2.5 checkpoint ships (stand-ins for the real checkpoint's files)
@@ -325,7 +428,6 @@ def build_kimi_k25(
     needs on the CPU, where attention is not MLA).
     """
     import torch
-    from safetensors.torch import save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     path = Path(path)
@@ -438,9 +540,7 @@ def build_kimi_k25(
     with torch.no_grad():  # a non-zero routing bias, so the test sees it used
         for layer in lm.model.layers[text["first_k_dense_replace"] :]:
             layer.mlp.gate.e_score_correction_bias.uniform_(-0.1, 0.1)
-    tensors = {f"language_model.{name}": t.contiguous() for name, t in lm.state_dict().items()}
-    tensors.update(_kimi_vision_weights(vision, hidden_size))
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    _save_hub_layout(lm, path, prefix="language_model.", extra=_kimi_vision_weights(vision, hidden_size))
     return path
 
 
@@ -531,7 +631,13 @@ def _hf_model(path: str):
         if model_type == "kimi_k25":
             _HF_CACHE[path] = _hf_kimi_language_model(path)
         else:
-            _HF_CACHE[path] = AutoModelForCausalLM.from_pretrained(path, **{_dtype_keyword(): torch.float32}).eval()
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path, output_loading_info=True, **{_dtype_keyword(): torch.float32})
+            problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+            if problems:
+                raise AssertionError(f"HF reference of {path}: {problems}")
+            _check_holds(model, _saved_tensors(path), f"HF reference of {path}")
+            _HF_CACHE[path] = model.eval()
     return _HF_CACHE[path]
 
 
@@ -539,17 +645,12 @@ def _hf_kimi_language_model(path: str):
     """HF transformers' ``DeepseekV3ForCausalLM`` (fp32) on a Kimi-K2.5 checkpoint's language-model
     weights: its ``text_config`` and the ``language_model.*`` tensors, loaded strictly."""
     import torch
-    from safetensors.torch import load_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     with open(os.path.join(path, "config.json")) as fh:
         text = json.load(fh)["text_config"]
     model = DeepseekV3ForCausalLM(_deepseek_config(DeepseekV3Config, text)).to(torch.float32)
-    prefix = "language_model."
-    weights = {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            weights.update({k[len(prefix):]: v for k, v in load_file(os.path.join(path, name)).items()
-                            if k.startswith(prefix)})
-    model.load_state_dict(weights, strict=True)
+    weights = _saved_tensors(path, "language_model.")
+    model.load_state_dict(_model_layout(model, weights), strict=True)
+    _check_holds(model, weights, f"HF reference of {path}")
     return model.eval()
