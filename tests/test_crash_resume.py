@@ -380,6 +380,18 @@ def test_stock_code_alone_keeps_the_hole_and_the_truncated_file(setup, clean, tm
 # -- a worker dies, Ctrl-C --------------------------------------------------------------------
 
 
+def _worker_death_range() -> bool:
+    from packaging.specifiers import SpecifierSet
+
+    from speculators_compat import versions
+    from speculators_compat.patches import REGISTRY
+
+    patch = next(p for p in REGISTRY if p.id == "worker-death")
+    return SpecifierSet(patch.vllm).contains(versions.vllm().base, prereleases=True)
+
+
+# worker-death covers vLLM 0.11.1-0.17.x (its docstring says why); later releases get vLLM's own error
+@pytest.mark.skipif(not _worker_death_range(), reason="worker-death: outside its vLLM range on this release")
 @pytest.mark.parametrize("tp", TPS)
 def test_a_worker_killed_mid_call_is_named_within_30_s(setup, tmp_path, tp):
     out = tmp_path / "out"
