@@ -9,7 +9,9 @@ How: ``VllmHiddenStatesGenerator.generate`` is wrapped to log, at INFO on the
 ``speculators_compat`` logger, the sequences, tokens, layers, hidden size, dtype and
 seconds of each call; ``__del__`` is wrapped to shut the executor down itself and log the
 outcome (the stock ``__del__`` swallows any error into a vague warning); after vLLM shut the
-executor down because a worker died, the line says so and names the worker.
+executor down because a worker died, the line says so and names the worker. A generator that
+has been called is registered with :mod:`speculators_compat.lifecycle`, so that
+``speculators-compat run`` can stop its workers on Ctrl-C / SIGTERM.
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
@@ -30,6 +32,9 @@ log = logging.getLogger("speculators_compat")
 
 
 def _generate(wrapped, instance, args, kwargs):
+    from speculators_compat import lifecycle
+
+    lifecycle.track(instance)  # `speculators-compat run` stops its workers on Ctrl-C / SIGTERM
     start = time.perf_counter()
     results = wrapped(*args, **kwargs)
     seconds = time.perf_counter() - start

@@ -19,9 +19,7 @@ are wrapped: an exception raised while the executor is failed (vLLM's ``is_faile
 becomes :class:`~speculators_compat.errors.WorkerDiedError` naming the worker (name, pid,
 rank, signal or exit code), with the original error chained; the shared-memory reply
 buffers the dead workers created (and cannot unlink any more) are unlinked at once rather
-than when the process exits. ``__init__`` also registers
-the generator with :mod:`speculators_compat.lifecycle`, so that ``speculators-compat run``
-can stop its workers on Ctrl-C / SIGTERM.
+than when the process exits.
 
 Detection: ``MultiprocExecutor`` has ``start_worker_monitor`` and ``shutdown``, and its
 ``collective_rpc`` checks ``is_failed`` and waits with ``cancel=`` (the event the monitor
@@ -133,14 +131,11 @@ def _executor(wrapped, instance, args, kwargs):
 
 
 def _init(wrapped, instance, args, kwargs):
-    from speculators_compat import lifecycle
-
     try:
         wrapped(*args, **kwargs)
     except Exception as exc:
         _raise_if_dead(instance.__dict__.get("executor"), exc, "while the generator was starting")
         raise
-    lifecycle.track(instance)
 
 
 def _generate(wrapped, instance, args, kwargs):

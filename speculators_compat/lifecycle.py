@@ -2,8 +2,9 @@
 
 ``speculators-compat run`` catches Ctrl-C (SIGINT) and SIGTERM around the stock script; it
 then shuts down the executor of every generator still alive here (stopping its worker
-processes) before it logs its one line and exits 130 / 143. The ``worker-death`` patch
-registers each generator as it is built. Nothing here imports torch or vLLM.
+processes) before it logs its one line and exits 130 / 143. The ``report`` patch
+registers each generator at its first ``generate()`` (on every release; ``worker-death``, which
+did it before, covers vLLM 0.11.1-0.17.x only). Nothing here imports torch or vLLM.
 """
 
 from __future__ import annotations
