@@ -26,10 +26,12 @@ import re
 import threading
 from pathlib import Path
 
-__all__ = ["RECORD", "Recorder", "clean", "mapped", "descendants"]
+__all__ = ["RECORD", "Recorder", "clean", "mapped", "descendants", "unlink_untracked", "ANY"]
 
 RECORD = ".speculators-compat-shm"
 _NAME = re.compile(r"/dev/shm/(psm_[0-9a-f]+)$")
+#: any /dev/shm segment (vLLM's CPU builds also name their own: ``vllm_dist_<id>-...-cpushm_<rank>``)
+_ANY = re.compile(r"/dev/shm/([^/]+?)(?: \(deleted\))?$")
 
 
 def descendants(pid: int) -> list[int]:
@@ -55,19 +57,40 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def mapped(pids) -> set[str]:
-    """The ``psm_*`` shared-memory names the processes map (not yet unlinked)."""
+def mapped(pids, pattern: re.Pattern = _NAME) -> set[str]:
+    """The ``psm_*`` shared-memory names the processes map (not yet unlinked); with
+    ``pattern=ANY``, every /dev/shm name they map."""
     names: set[str] = set()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as fh:
                 for line in fh:
-                    match = _NAME.search(line.rstrip("\n"))
-                    if match:
+                    match = pattern.search(line.rstrip("\n"))
+                    if match and not line.rstrip("\n").endswith("(deleted)"):
                         names.add(match.group(1))
         except OSError:
             continue
     return names
+
+
+ANY = _ANY
+
+
+def unlink_untracked(names) -> list[str]:
+    """Unlink the named /dev/shm segments that still exist, except ``psm_*`` ones (Python's
+    ``multiprocessing.shared_memory``: their owners or the resource tracker unlink them).
+    For the segments the workers of a stopped executor created themselves (vLLM's CPU
+    communicator), which a worker stopped by SIGTERM/SIGKILL never unlinks."""
+    removed = []
+    for name in sorted(names):
+        if name.startswith("psm_") or "/" in name or name in (".", ".."):
+            continue
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            continue
+        removed.append(name)
+    return removed
 
 
 class Recorder:

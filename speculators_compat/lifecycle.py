@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+from . import leftovers
+
 __all__ = ["track", "live", "shutdown_all"]
 
 _live: "weakref.WeakSet" = weakref.WeakSet()
@@ -38,11 +40,14 @@ def shutdown_all() -> list[str]:
         executor = generator.__dict__.pop("executor", None)
         if executor is None:
             continue
-        workers = len(getattr(executor, "workers", None) or ())
+        procs = [getattr(w, "proc", None) for w in getattr(executor, "workers", None) or ()]
+        segments = leftovers.mapped([p.pid for p in procs if p is not None and p.pid], leftovers.ANY)
         try:
             executor.shutdown()
         except Exception as exc:  # report every executor, never raise while shutting down
             done.append(f"executor shutdown failed ({type(exc).__name__}: {exc})")
         else:
-            done.append(f"executor shut down, {workers} worker process(es) stopped")
+            removed = leftovers.unlink_untracked(segments)
+            done.append(f"executor shut down, {len(procs)} worker process(es) stopped"
+                        + (f", their shared memory {', '.join(removed)} removed" if removed else ""))
     return done
