@@ -31,7 +31,7 @@ __all__ = ["RECORD", "Recorder", "clean", "mapped", "descendants", "unlink_untra
 RECORD = ".speculators-compat-shm"
 _NAME = re.compile(r"/dev/shm/(psm_[0-9a-f]+)$")
 #: any /dev/shm segment (vLLM's CPU builds also name their own: ``vllm_dist_<id>-...-cpushm_<rank>``)
-_ANY = re.compile(r"/dev/shm/([^/]+?)(?: \(deleted\))?$")
+ANY = re.compile(r"/dev/shm/([^/]+)$")
 
 
 def descendants(pid: int) -> list[int]:
@@ -65,15 +65,13 @@ def mapped(pids, pattern: re.Pattern = _NAME) -> set[str]:
         try:
             with open(f"/proc/{pid}/maps") as fh:
                 for line in fh:
-                    match = pattern.search(line.rstrip("\n"))
-                    if match and not line.rstrip("\n").endswith("(deleted)"):
+                    line = line.rstrip("\n")
+                    match = pattern.search(line)
+                    if match and not line.endswith("(deleted)"):
                         names.add(match.group(1))
         except OSError:
             continue
     return names
-
-
-ANY = _ANY
 
 
 def unlink_untracked(names) -> list[str]:
