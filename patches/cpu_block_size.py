@@ -16,8 +16,8 @@ override for the CPU MLA kernel (which takes 16 only) still applies after it.
 
 Detection: vLLM's current platform is the CPU, the stock generator's ``VLLM_BLOCK_SIZE`` and the
 ``MultipleOf(N)`` of ``CPUAttentionBackend.get_supported_kernel_block_sizes``: not a multiple of N
-is new; a multiple (0.11-0.28: N = 16), another platform, or no ``MultipleOf`` constraint is old;
-an unreadable constraint is unknown.
+is new; a multiple (0.12-0.28: N = 1, then 16), another platform, or no such method (0.11) is old; a
+constraint other than ``MultipleOf(N)`` entries is unknown.
 
 Remove when vLLM's CPU attention takes 16-token blocks again or speculators 0.3.x/0.4.x are no
 longer supported.
@@ -38,21 +38,28 @@ STOCK = re.compile(r"^VLLM_BLOCK_SIZE\s*=\s*(\d+)", re.M)
 MULTIPLE = re.compile(r"MultipleOf\((\d+)\)")
 
 
-def _judge(cpu: bool, stock: int | None, bases: list[int] | None) -> Probe:
+ABSENT = "absent"
+
+
+def _judge(cpu: bool, stock: int | None, bases) -> Probe:
     if not cpu:
         return Probe.old("not vLLM's CPU platform")
+    if bases == ABSENT:
+        return Probe.old(f"no {CPU_ATTN}.{BACKEND}.{METHOD} in this vLLM (no kernel block-size constraint)")
     if stock is None:
         return Probe.unknown("cannot read the stock generator's VLLM_BLOCK_SIZE")
-    if bases is None:
-        return Probe.unknown(f"cannot read {CPU_ATTN}.{BACKEND}.{METHOD}()")
-    takes = ", ".join(f"MultipleOf({b})" for b in bases) or "any size"
+    if not bases:
+        return Probe.unknown(f"cannot read a MultipleOf(N) constraint from {CPU_ATTN}.{BACKEND}.{METHOD}()")
+    takes = ", ".join(f"MultipleOf({b})" for b in bases)
     if all(stock % b == 0 for b in bases):
         return Probe.old(f"the CPU attention backend takes {stock}-token blocks ({takes})")
     return Probe.new(f"the CPU attention backend takes {takes} blocks, the stock code asks for {stock}")
 
 
 def _bases(sizes) -> list[int]:
-    return [s.base for s in sizes if hasattr(s, "base")]
+    """The ``MultipleOf(N)`` bases; any other entry (a fixed size) is a shape this patch does not know."""
+    bases = [getattr(s, "base", None) for s in sizes]
+    return [] if None in bases else bases
 
 
 def probe(module) -> Probe:
@@ -63,10 +70,13 @@ def probe(module) -> Probe:
     if not current_platform.is_cpu():
         return _judge(False, None, None)
     try:
-        backend = getattr(importlib.import_module(CPU_ATTN), BACKEND)
-        bases = _bases(getattr(backend, METHOD)())
-    except (ImportError, AttributeError, TypeError):
-        bases = None
+        method = getattr(getattr(importlib.import_module(CPU_ATTN), BACKEND), METHOD)
+    except (ImportError, AttributeError):
+        return _judge(True, None, ABSENT)
+    try:
+        bases = _bases(method())
+    except TypeError:
+        bases = []
     return _judge(True, getattr(module, "VLLM_BLOCK_SIZE", None), bases)
 
 
@@ -75,7 +85,9 @@ def static_probe(view) -> Probe:
         return _judge(False, None, None)
     stock = STOCK.search(view.speculators.text(GENERATOR) or "")
     source = view.vllm.source(CPU_ATTN, BACKEND, METHOD)
-    bases = [int(n) for n in MULTIPLE.findall(source)] if source else None
+    if not source:
+        return _judge(True, None, ABSENT)
+    bases = [int(n) for n in MULTIPLE.findall(source)]
     return _judge(True, int(stock.group(1)) if stock else None, bases)
 
 
