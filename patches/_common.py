@@ -6,6 +6,7 @@ Patch modules never import each other: what two patches share lives here.
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import weakref
 from typing import Any
@@ -204,6 +205,24 @@ def flush_finished(generator) -> None:
     pending = generator.scheduler.__dict__.pop(PENDING, None)
     if pending is not None:
         generator.executor.execute_model(pending)
+
+
+def call_then_flush(wrapped, args, kwargs, flush) -> Any:
+    """``generate()`` then ``flush()``: after a normal return, and after an error (so the
+    generator stays usable; an error of the flush itself is logged, the call's own error is what
+    the caller gets). Not after Ctrl-C / SIGTERM (``KeyboardInterrupt`` and other non-``Exception``
+    exits): a worker that got the same signal may be gone, and the flush's error would replace
+    the interrupt that ``speculators-compat run`` turns into exit code 130 / 143."""
+    try:
+        results = wrapped(*args, **kwargs)
+    except Exception:
+        try:
+            flush()
+        except Exception as flush_error:
+            logging.getLogger("speculators_compat").debug("flush after a failed generate(): %s", flush_error)
+        raise
+    flush()
+    return results
 
 
 def forget_idle(scheduler) -> None:

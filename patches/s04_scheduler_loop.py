@@ -24,7 +24,7 @@ import wrapt
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import GENERATOR, SPECULATORS_04, flush_finished, generate_probes, remember_idle
+from ._common import GENERATOR, SPECULATORS_04, call_then_flush, flush_finished, generate_probes, remember_idle
 
 
 def _judge(src: str) -> Probe:
@@ -59,12 +59,12 @@ def _scheduler(wrapped, instance, args, kwargs):
 
 
 def _generate(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
+    def flush():
         if instance.scheduler.finished_req_ids:  # aborted after the loop: not sent yet
             instance.scheduler.schedule()
         flush_finished(instance)
+
+    return call_then_flush(wrapped, args, kwargs, flush)
 
 
 def apply(module, patcher) -> None:

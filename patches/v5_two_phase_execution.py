@@ -28,11 +28,12 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
+
 import wrapt
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
 
-from ._common import GENERATOR, SPECULATORS_03, flush_finished, params, remember_idle, vllm_module
+from ._common import GENERATOR, SPECULATORS_03, call_then_flush, flush_finished, params, remember_idle, vllm_module
 
 
 def _judge(has_sample_tokens: bool) -> Probe:
@@ -82,10 +83,7 @@ def _scheduler_config(wrapped, instance, args, kwargs):
 
 
 def _generate(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        flush_finished(instance)
+    return call_then_flush(wrapped, args, kwargs, lambda: flush_finished(instance))
 
 
 def apply(module, patcher) -> None:
