@@ -113,9 +113,14 @@ def _key(run: dict) -> tuple:
     return (run["vllm"], run["speculators"], run["platform"], run.get("transformers_line", ""))
 
 
+#: a release counts as validated only where its rows matched HF on this many model shapes
+MIN_MODELS = 2
+
+
 def merge(run_files: list[str], path: str = VALIDATED_FILE) -> list[dict]:
     """Merge validation runs into the table file; a run replaces an earlier one of the same
-    (vLLM, speculators, platform, transformers line). Returns the merged runs."""
+    (vLLM, speculators, platform, transformers line). A run that compared fewer than
+    ``MIN_MODELS`` model shapes is not merged (ValueError). Returns the merged runs."""
     from packaging.version import Version
 
     data = load.__wrapped__(path)
@@ -124,6 +129,9 @@ def merge(run_files: list[str], path: str = VALIDATED_FILE) -> list[dict]:
     for name in run_files:
         with open(name, encoding="utf-8") as fh:
             run = json.load(fh)
+        if len(run.get("models") or []) < MIN_MODELS:
+            raise ValueError(f"{name}: compared {run.get('models')} only; a validation run needs "
+                             f"{MIN_MODELS} model shapes or more")
         by_key[_key(run)] = run
         merged.append(run)
     runs = sorted(by_key.values(), key=lambda r: (Version(r["vllm"]), Version(r["speculators"]), r["platform"],
