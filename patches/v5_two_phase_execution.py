@@ -28,7 +28,6 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-
 import wrapt
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
