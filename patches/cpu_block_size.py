@@ -62,15 +62,21 @@ def _bases(sizes) -> list[int]:
     return [] if None in bases else bases
 
 
-def probe(module) -> Probe:
+def _kernel_block_sizes():
+    """The installed ``CPUAttentionBackend.get_supported_kernel_block_sizes`` (raises ImportError or
+    AttributeError where this vLLM has none)."""
     import importlib
 
+    return getattr(getattr(importlib.import_module(CPU_ATTN), BACKEND), METHOD)
+
+
+def probe(module) -> Probe:
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return _judge(False, None, None)
     try:
-        method = getattr(getattr(importlib.import_module(CPU_ATTN), BACKEND), METHOD)
+        method = _kernel_block_sizes()
     except (ImportError, AttributeError):
         return _judge(True, None, ABSENT)
     try:
@@ -92,12 +98,11 @@ def static_probe(view) -> Probe:
 
 
 def _cache_config(wrapped, instance, args, kwargs):
-    import importlib
     import math
 
     size = kwargs.get("block_size")
     if isinstance(size, int):
-        bases = _bases(getattr(getattr(importlib.import_module(CPU_ATTN), BACKEND), METHOD)())
+        bases = _bases(_kernel_block_sizes()())
         kwargs["block_size"] = math.lcm(size, *bases)  # the smallest block size they all take
     return wrapped(*args, **kwargs)
 
