@@ -175,6 +175,7 @@ def build_deepseek_v3(
     num_heads: int = 4,
     vocab_size: int = 512,
     max_position_embeddings: int = 4096,
+    moe_intermediate_size: int | None = None,
     seed: int = 0,
 ) -> Path:
     """A random-weight DeepSeek-V3 (MLA dims, one dense layer then MoE layers with routed
@@ -183,6 +184,8 @@ def build_deepseek_v3(
     ``topk_method``/``scoring_func`` are written into the config because vLLM loads
     ``e_score_correction_bias`` only for ``noaux_tc``. The weights are written in the hub's
     layout (one tensor per expert, ``_hub_tensors``) on transformers 4.x and v5 alike.
+    ``moe_intermediate_size`` (default ``hidden_size // 2``) not a multiple of 32 sends vLLM's CPU
+    fused MoE down its PyTorch path on every CPU (else only where AMX meets fp32 weights).
     """
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -193,7 +196,7 @@ def build_deepseek_v3(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        moe_intermediate_size=hidden_size // 2,
+        moe_intermediate_size=moe_intermediate_size or hidden_size // 2,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,

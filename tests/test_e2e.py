@@ -319,6 +319,26 @@ def test_deepseek_v3_on_cpu_needs_the_moe_activation_patch(build, tmp_path):
 
 
 @suite_is("full", "release")
+@where_delta("cpu-moe-silu-instance")
+@pytest.mark.skipif("deepseek_v3" not in MODELS, reason="no DeepSeek-V3 in this environment")
+def test_deepseek_v3_on_cpu_needs_the_moe_silu_patch(tmp_path):
+    # vLLM 0.20-0.24's CPU fused MoE builds SiluAndMul(...) at every forward on its PyTorch path:
+    # experts of 40 (not a multiple of 32) take that path on every CPU, AMX or not
+    from speculators_compat import tiny
+
+    path = str(tiny.build_deepseek_v3(tmp_path / "moe40", moe_intermediate_size=40))
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    broken = scenario(path, tmp_path / "off", disable="cpu-moe-silu-instance", steps=["start", "mixed"],
+                      extra_env=MODEL_ENV["deepseek_v3"])
+    assert "Current vLLM config is not set" in failures(broken, trace=True).get("mixed", "")
+    fixed = scenario(path, tmp_path / "on", steps=["start", "mixed", "chunked"], extra_env=MODEL_ENV["deepseek_v3"])
+    assert failures(fixed) == {}
+    assert max(fixed["mixed"]["value"], fixed["chunked"]["value"]) <= 1e-4
+    assert "cpu-moe-silu-instance" in applied(fixed)
+
+
+@suite_is("full", "release")
 @where_delta("cpu-ipex-moe-routing")
 @pytest.mark.skipif("deepseek_v3" not in MODELS, reason="no DeepSeek-V3 in this environment")
 def test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch(build, tmp_path):
@@ -456,6 +476,7 @@ def test_every_patch_is_shown_necessary():
     # runner-v1: the CPU builds never pick Model Runner V2 (test_model_runner_v2_asked_for_is_refused);
     # cpu-rms-norm-strided: test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0);
     # cpu-moe-activation: test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x);
+    # cpu-moe-silu-instance: test_deepseek_v3_on_cpu_needs_the_moe_silu_patch (vLLM 0.20.0-0.24.0);
     # cpu-ipex-moe-routing: test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch (vLLM 0.11.1/0.11.2);
     # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines asserted
     # in test_stock_generator_runs_correctly_with_the_shim; validated-release, api-inventory and
@@ -468,7 +489,7 @@ def test_every_patch_is_shown_necessary():
         "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
         "driver-threads", "runner-v1", "worker-death", "atomic-save", "tokenizer-trust",
-        "cpu-kimi-k25-device"} | set(NEEDED_WHERE)
+        "cpu-kimi-k25-device", "cpu-moe-silu-instance"} | set(NEEDED_WHERE)
     assert {p.id for p in REGISTRY} <= shown
 
 

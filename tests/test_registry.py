@@ -698,6 +698,38 @@ def test_patcher_define_binds_a_new_name_and_undo_removes_it():
     assert not hasattr(module, "torch")
 
 
+def test_patcher_set_item_replaces_an_entry_and_undo_restores_it():
+    from speculators_compat.registry import Patcher
+
+    table = {"silu": "the lambda", "gelu": "gelu"}
+    patcher = Patcher()
+    with pytest.raises(KeyError):
+        patcher.set_item(table, "swiglu", "x")  # only an existing entry is replaced
+    patcher.set_item(table, "silu", "the static method")
+    assert table == {"silu": "the static method", "gelu": "gelu"}
+    patcher.undo()
+    assert table == {"silu": "the lambda", "gelu": "gelu"} and patcher.records == []
+
+
+@pytest.mark.parametrize("entry, shape", [
+    ("lambda x: SiluAndMul(compile_native=False).forward_native(x)", "new"),  # vLLM 0.20.0-0.24.0
+    ("SiluAndMul.forward_native", "old"),  # 0.15-0.19, 0.25+
+    ("lambda x: x.sigmoid() * x", "unknown"),
+    (None, "old"),  # no table at all
+])
+def test_cpu_moe_silu_probe_reads_the_silu_entry_of_the_table(entry, shape):
+    import ast
+
+    from speculators_compat.patches import cpu_moe_silu_instance as patch
+
+    key = "MoEActivation.SILU" if "compile_native" in (entry or "") else '"silu"'
+    source = "x = 1\n" if entry is None else (
+        "_CPU_MOE_ACT_FN: dict = {\n"
+        f"    {key}: {entry},\n"
+        '    "swigluoai": _swigluoai_forward_native,\n}\n')
+    assert patch._judge(ast.parse(source)).shape.value == shape
+
+
 def test_tf5_attn_mask_stand_in_exists_only_while_speculators_populates(monkeypatch):
     from speculators_compat.errors import CompatError
     from speculators_compat.patches import tf5_attn_mask_utils as patch
