@@ -493,6 +493,20 @@ def test_every_patch_is_shown_necessary():
     assert {p.id for p in REGISTRY} <= shown
 
 
+@pytest.fixture(scope="module")
+def check_of(tmp_path_factory):
+    """``check_of(deep)``: the check's exit code and JSON report, run once per mode per module
+    (a deep check imports vLLM: seconds each)."""
+    done = {}
+
+    def get(deep: bool) -> tuple[int, dict]:
+        if deep not in done:
+            done[deep] = run_check(tmp_path_factory.mktemp("check"), deep)
+        return done[deep]
+
+    return get
+
+
 def run_check(tmp_path, deep: bool) -> tuple[int, dict]:
     proc = subprocess.run(
         [sys.executable, "-m", "speculators_compat.check", "--json"] + (["--deep"] if deep else []),
@@ -505,12 +519,12 @@ def run_check(tmp_path, deep: bool) -> tuple[int, dict]:
 
 @suite_is("full", "release", "stock", "spec04", "check")
 @pytest.mark.parametrize("mode", ["static", "deep"])
-def test_check_reports_what_applies(tmp_path, mode):
+def test_check_reports_what_applies(check_of, mode):
     """The fast check (sources only) and the deep one (runtime probes) must both list exactly
     the patches the validation record says applied on this release, and know every API."""
     from speculators_compat.patches import REGISTRY
 
-    rc, rep = run_check(tmp_path, mode == "deep")
+    rc, rep = check_of(mode == "deep")
     assert rep["mode"] == mode
     assert rep["vllm"]["cpu_build"] is True
     assert rep["vllm"]["version"].startswith(str(RELEASE))
@@ -529,9 +543,9 @@ def test_check_reports_what_applies(tmp_path, mode):
         assert rep["validation"]["vllm"] == RECORD.vllm
 
 
-def test_static_and_deep_check_agree(tmp_path):
-    _, static = run_check(tmp_path, deep=False)
-    _, deep = run_check(tmp_path, deep=True)
+def test_static_and_deep_check_agree(check_of):
+    _, static = check_of(False)
+    _, deep = check_of(True)
     assert [(p["id"], p["status"]) for p in static["patches"]] == [(p["id"], p["status"]) for p in deep["patches"]]
     assert static["covered"] == deep["covered"]
 
