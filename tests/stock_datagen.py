@@ -20,7 +20,9 @@ What differs: samples come pre-tokenized from a local JSON-lines file (``input_i
 ``loss_mask``) instead of ``load_and_preprocess_dataset`` (chat template, HF datasets), and
 are passed to ``generate`` as the same list of 1-D LongTensors. ``SPECULATORS_DATAGEN_DELAY``
 (seconds, tests only) sleeps after each batch, to widen the window in which a test kills the
-run. The tests can run the real script instead (``SPECULATORS_COMPAT_REAL_DATAGEN``, see
+run; ``SPECULATORS_DATAGEN_REPEAT`` (tests only) makes each batch's ``generate`` call N times
+(the same results, calls back to back), so that a test which interrupts "mid-call" finds one
+running however fast the machine is. The tests can run the real script instead (``SPECULATORS_COMPAT_REAL_DATAGEN``, see
 ``tests/test_crash_resume.py``).
 """
 
@@ -116,6 +118,7 @@ def generate_and_save_hidden_states(args, dataset):
         tensor_parallel_size=args.tensor_parallel_size,
     )
     delay = float(os.environ.get("SPECULATORS_DATAGEN_DELAY", "0"))
+    repeat = int(os.environ.get("SPECULATORS_DATAGEN_REPEAT", "1"))
     file_idx = start_file_idx
     with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
         pending = []
@@ -123,7 +126,8 @@ def generate_and_save_hidden_states(args, dataset):
             batch = dataset[i : min(i + args.batch_size, num_samples)]
             batch_input_ids = [torch.tensor(s["input_ids"], dtype=torch.long) for s in batch]
             batch_loss_mask = [torch.tensor(s["loss_mask"], dtype=torch.long) for s in batch]
-            results = generator.generate(batch_input_ids)
+            for _ in range(repeat):
+                results = generator.generate(batch_input_ids)
             for j, result in enumerate(results):
                 input_len = len(result["input_ids"])
                 cleaned = {

@@ -57,6 +57,9 @@ TOL = 1e-4
 #: the stand-in sleeps this long after each batch: the tiny model's 10 batches would otherwise
 #: all be done within a second of the start-up, leaving the kills nothing to land in
 SLOW = {"SPECULATORS_DATAGEN_DELAY": "0.4"}
+# back-to-back calls for the tests that interrupt a call: 0.3 s after the first call's log line
+# one is running (a whole tiny run ends in < 1 s on a fast CPU: the kill found it finished)
+BUSY = {"SPECULATORS_DATAGEN_REPEAT": "50"}
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -395,7 +398,7 @@ def _worker_death_range() -> bool:
 @pytest.mark.parametrize("tp", TPS)
 def test_a_worker_killed_mid_call_is_named_within_30_s(setup, tmp_path, tp):
     out = tmp_path / "out"
-    run = Run(command(setup, out, tp=tp, batch=16), environment(), tmp_path, tmp_path / "run.log")
+    run = Run(command(setup, out, tp=tp, batch=16), environment(**BUSY), tmp_path, tmp_path / "run.log")
     assert run.wait_for(r"generate\(\): 16 sequences", 600), run.text()[-4000:]
     time.sleep(0.3)  # the next call has started: the saves are asynchronous
     workers = [p for p in session_pids(run.sid) if "VLLM::Worker" in cmdline(p)]
@@ -422,7 +425,7 @@ def test_a_worker_killed_mid_call_is_named_within_30_s(setup, tmp_path, tp):
 @pytest.mark.parametrize("tp", TPS)
 def test_ctrl_c_mid_call_stops_cleanly_with_exit_code_130(setup, tmp_path, tp):
     out = tmp_path / "out"
-    run = Run(command(setup, out, tp=tp, batch=16), environment(), tmp_path, tmp_path / "run.log")
+    run = Run(command(setup, out, tp=tp, batch=16), environment(**BUSY), tmp_path, tmp_path / "run.log")
     assert run.wait_for(r"generate\(\): 16 sequences", 600), run.text()[-4000:]
     time.sleep(0.3)
     sent = time.monotonic()
