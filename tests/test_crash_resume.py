@@ -426,7 +426,7 @@ def test_a_worker_killed_mid_call_is_named_within_30_s(setup, tmp_path, tp):
 def test_ctrl_c_mid_run_stops_cleanly_with_exit_code_130(setup, tmp_path, tp):
     # SIGINT 0.3 s after the first call, while the script waits 0.4 s before its next one (SLOW):
     # the run is alive however fast the machine. A SIGINT that lands while the driver waits for a
-    # worker's reply can still end in WorkerDiedError (exit 1) on vLLM 0.16/0.32 (README, "After
+    # worker's reply can still end in WorkerDiedError (exit 1), seen on vLLM 0.16 (README, "After
     # a crash"): the driver's KeyboardInterrupt does not show, vLLM's monitor sees the worker gone.
     out = tmp_path / "out"
     run = Run(command(setup, out, tp=tp, batch=16), environment(**SLOW), tmp_path, tmp_path / "run.log")
