@@ -57,8 +57,8 @@ TOL = 1e-4
 #: the stand-in sleeps this long after each batch: the tiny model's 10 batches would otherwise
 #: all be done within a second of the start-up, leaving the kills nothing to land in
 SLOW = {"SPECULATORS_DATAGEN_DELAY": "0.4"}
-# back-to-back calls for the test that kills a worker mid-call: 0.3 s after the first call's log
-# line one is running (a whole tiny run ends in < 1 s on a fast CPU: the kill found it finished)
+# back-to-back calls for the tests that interrupt a call: 0.3 s after the first call's log line
+# one is running (a whole tiny run ends in < 1 s on a fast CPU: the kill found it finished)
 BUSY = {"SPECULATORS_DATAGEN_REPEAT": "50"}
 
 
@@ -124,6 +124,15 @@ def environment(**extra) -> dict:
     return env
 
 
+def terminal_sigint() -> None:
+    """Give the runs SIGINT at its default, as a terminal's foreground job has it. A test run
+    started in the background of a non-interactive shell (``cmd &``) inherits SIGINT ignored,
+    the runs under test would too (an ignored signal survives exec), and the Ctrl-C test's
+    SIGINT would stop only the vLLM workers, which set their own handler."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class Run:
     """One run in its own session: its output, its processes, the /dev/shm names they map."""
 
@@ -131,6 +140,7 @@ class Run:
         self.log_path = log
         self.log = open(log, "w")
         self.started = time.monotonic()
+        terminal_sigint()
         self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.sid = self.proc.pid
@@ -423,13 +433,9 @@ def test_a_worker_killed_mid_call_is_named_within_30_s(setup, tmp_path, tp):
 
 
 @pytest.mark.parametrize("tp", TPS)
-def test_ctrl_c_mid_run_stops_cleanly_with_exit_code_130(setup, tmp_path, tp):
-    # SIGINT 0.3 s after the first call, while the script waits 0.4 s before its next one (SLOW):
-    # the run is alive however fast the machine. A SIGINT that lands while the driver waits for a
-    # worker's reply can still end in WorkerDiedError (exit 1), seen on vLLM 0.16 (README, "After
-    # a crash"): the driver's KeyboardInterrupt does not show, vLLM's monitor sees the worker gone.
+def test_ctrl_c_mid_call_stops_cleanly_with_exit_code_130(setup, tmp_path, tp):
     out = tmp_path / "out"
-    run = Run(command(setup, out, tp=tp, batch=16), environment(**SLOW), tmp_path, tmp_path / "run.log")
+    run = Run(command(setup, out, tp=tp, batch=16), environment(**BUSY), tmp_path, tmp_path / "run.log")
     assert run.wait_for(r"generate\(\): 16 sequences", 600), run.text()[-4000:]
     time.sleep(0.3)
     sent = time.monotonic()
