@@ -289,7 +289,7 @@ def test_deepseek_v3_on_cpu_needs_the_rotary_patch(build, tmp_path):
     assert "max abs diff against HF fp32" in failures(report).get("mixed", "")
 
 
-@suite_is("full", "release")
+@suite_is("full", "release", "spec04")
 @where_delta("cpu-rms-norm-strided")
 @pytest.mark.skipif("qwen3" not in MODELS, reason="no Qwen3 in this environment")
 def test_qwen3_on_cpu_needs_the_rms_norm_patch(build, tmp_path):
@@ -298,7 +298,7 @@ def test_qwen3_on_cpu_needs_the_rms_norm_patch(build, tmp_path):
     assert "max abs diff against HF fp32" in failures(report).get("mixed", "")
 
 
-@suite_is("full", "release")
+@suite_is("full", "release", "spec04")
 @where_delta("cpu-rms-norm-strided")
 def test_cpu_rms_norm_kernel_ignores_row_strides():
     """What the patch works around, measured on the kernel itself: a strided view gives other
@@ -308,7 +308,7 @@ def test_cpu_rms_norm_kernel_ignores_row_strides():
     assert kernel_error() > 0.1
 
 
-@suite_is("full", "release")
+@suite_is("full", "release", "spec04")
 @where_delta("cpu-moe-activation")
 @pytest.mark.skipif("deepseek_v3" not in MODELS, reason="no DeepSeek-V3 in this environment")
 def test_deepseek_v3_on_cpu_needs_the_moe_activation_patch(build, tmp_path):
@@ -318,7 +318,7 @@ def test_deepseek_v3_on_cpu_needs_the_moe_activation_patch(build, tmp_path):
     assert "Current vLLM config is not set" in failures(report, trace=True).get("start", "")
 
 
-@suite_is("full", "release")
+@suite_is("full", "release", "spec04")
 @where_delta("cpu-moe-silu-instance")
 @pytest.mark.skipif("deepseek_v3" not in MODELS, reason="no DeepSeek-V3 in this environment")
 def test_deepseek_v3_on_cpu_needs_the_moe_silu_patch(tmp_path):
@@ -338,7 +338,7 @@ def test_deepseek_v3_on_cpu_needs_the_moe_silu_patch(tmp_path):
     assert "cpu-moe-silu-instance" in applied(fixed)
 
 
-@suite_is("full", "release")
+@suite_is("full", "release", "spec04")
 @where_delta("cpu-ipex-moe-routing")
 @pytest.mark.skipif("deepseek_v3" not in MODELS, reason="no DeepSeek-V3 in this environment")
 def test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch(build, tmp_path):
@@ -348,7 +348,7 @@ def test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch(build, tmp_path):
     assert "max abs diff against HF fp32" in failures(report).get("mixed", "")
 
 
-@suite_is("full", "release")
+@suite_is("full", "release", "spec04")
 @where_delta("cpu-ipex-moe-routing")
 def test_ipex_grouped_topk_routes_unlike_vllm():
     """What the patch works around, measured on the MoE alone: IPEX's grouped top-k routing of a
