@@ -11,7 +11,9 @@ seconds of each call; ``__del__`` is wrapped to shut the executor down itself an
 outcome (the stock ``__del__`` swallows any error into a vague warning); after vLLM shut the
 executor down because a worker died, the line says so and names the worker. A generator that
 has been called is registered with :mod:`speculators_compat.lifecycle`, so that
-``speculators-compat run`` can stop its workers on Ctrl-C / SIGTERM.
+``speculators-compat run`` can stop its workers on Ctrl-C / SIGTERM, and so that one still alive
+when the interpreter exits is shut down (with its line) by an ``atexit`` handler, not left to a
+``__del__`` during the interpreter's teardown.
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
@@ -34,7 +36,8 @@ log = logging.getLogger("speculators_compat")
 def _generate(wrapped, instance, args, kwargs):
     from speculators_compat import lifecycle
 
-    lifecycle.track(instance)  # `speculators-compat run` stops its workers on Ctrl-C / SIGTERM
+    # `speculators-compat run` stops its workers on Ctrl-C / SIGTERM; one alive at exit is shut down then
+    lifecycle.track(instance, at_exit=shutdown)
     start = time.perf_counter()
     results = wrapped(*args, **kwargs)
     seconds = time.perf_counter() - start

@@ -5,10 +5,17 @@ then shuts down the executor of every generator still alive here (stopping its w
 processes) before it logs its one line and exits 130 / 143. The ``report`` patch
 registers each generator at its first ``generate()`` (on every release; ``worker-death``, which
 did it before, covers vLLM 0.11.1-0.17.x only). Nothing here imports torch or vLLM.
+
+A generator still alive when the interpreter exits (a module-level one in a script or a
+notebook) is shut down by an ``atexit`` handler, while imports and logging still work. Left to
+its ``__del__`` during the interpreter's teardown, the shutdown either failed (``ImportError:
+sys.meta_path is None``) or never ran: on vLLM 0.32.0 the workers only found their parent gone.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import threading
 import weakref
 
@@ -18,11 +25,24 @@ __all__ = ["track", "live", "shutdown_all"]
 
 _live: "weakref.WeakSet" = weakref.WeakSet()
 _lock = threading.Lock()
+_at_exit: list = []  # [(pid, shutdown)] once the handler is registered
 
 
-def track(generator) -> None:
+def track(generator, at_exit=None) -> None:
+    """Register ``generator``; ``at_exit(generator)`` runs at interpreter exit for each one still alive."""
     with _lock:
         _live.add(generator)
+        if at_exit is not None and not _at_exit:
+            _at_exit.append((os.getpid(), at_exit))
+            atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit() -> None:
+    pid, shutdown = _at_exit[0]
+    if os.getpid() != pid:  # a forked child inherited the handler: the executor is its parent's
+        return
+    for generator in live():
+        shutdown(generator)
 
 
 def live() -> list:

@@ -23,6 +23,9 @@ Steps (each reported ok / failed with its error; later steps still run when poss
            scheduler's requests and its free KV blocks are the same after as before
   longseq  (with --max-num-batched-tokens, speculators 0.4) a single sequence longer than
            max_num_batched_tokens, chunked across steps, == HF fp32
+
+The generator is then deleted (its ``__del__`` shuts the executor down), or with
+``--exit-shutdown`` left alive to the interpreter's exit, as a module-level generator is.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import traceback
 
 LAYERS: list[int] = []  # set in main(): first, third, fourth-last and last layer
 TOLERANCE = [1e-4]  # set in main() from --tol
+KEPT: list = []  # --exit-shutdown: the generator, alive until the interpreter exits
 
 
 def compare(path, batch, results):
@@ -69,6 +73,9 @@ def main() -> int:
     ap.add_argument("--tol", type=float, default=1e-4, help="max abs diff against HF fp32")
     ap.add_argument("--default-layers", action="store_true",
                     help="construct with layer_ids=None: the stock default [2, L // 2, L - 3, L - 1]")
+    ap.add_argument("--exit-shutdown", action="store_true",
+                    help="leave the generator alive to interpreter exit (a module-level generator in a "
+                         "script); the report is written after the at-exit shutdown")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     steps = args.steps.split(",")
@@ -251,6 +258,17 @@ def main() -> int:
         batch = [[rng.randrange(3, 500) for _ in range(2000)], mixed[4], [rng.randrange(3, 500) for _ in range(1500)]]
         return compare(args.model, batch, holder["gen"].generate(batch))
 
+    def write():
+        report["log"] = report["log"][:3] + report["log"][-2:]
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=1, default=str)
+
+    if args.exit_shutdown:
+        import atexit
+
+        # registered before speculators_compat's at-exit handler (at the first generate()): atexit
+        # runs the last registered first, so this one runs after the shutdown
+        atexit.register(write)
     run("layers", step_layers)
     run("start", start)
     if "gen" in holder:
@@ -265,14 +283,15 @@ def main() -> int:
         run("soak", step_soak)
         run("longseq", step_longseq)
     gen = holder.pop("gen", None)
+    if args.exit_shutdown:
+        KEPT.append(gen)  # the report is written at exit, after the generator's at-exit shutdown
+        return 0
     if gen is not None:
         import gc
 
         del gen  # the generator's __del__ shuts the executor down
         gc.collect()
-    report["log"] = report["log"][:3] + report["log"][-2:]
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1, default=str)
+    write()
     return 0
 
 

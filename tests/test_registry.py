@@ -747,3 +747,26 @@ def test_tf5_attn_mask_stand_in_exists_only_while_speculators_populates(monkeypa
     assert patch.REMOVED not in sys.modules
     with pytest.raises(CompatError, match="removed in transformers 5.24"):
         seen["function"](None, (1, 2), None, 0)
+
+
+def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypatch):
+    from speculators_compat import lifecycle
+
+    registered, calls = [], []
+    monkeypatch.setattr(lifecycle, "_at_exit", [])
+    monkeypatch.setattr(lifecycle, "_live", type(lifecycle._live)())
+    monkeypatch.setattr(lifecycle.atexit, "register", registered.append)
+
+    class Generator:
+        pass
+
+    first, second = Generator(), Generator()
+    lifecycle.track(first, at_exit=calls.append)
+    lifecycle.track(second, at_exit=calls.append)
+    assert registered == [lifecycle._shutdown_at_exit]  # one handler for all generators
+    del second  # gone before the exit: nothing to shut down
+    lifecycle._shutdown_at_exit()
+    assert calls == [first]
+    monkeypatch.setattr(lifecycle.os, "getpid", lambda: -1)  # a forked child: its parent's executor
+    lifecycle._shutdown_at_exit()
+    assert calls == [first]
