@@ -22,8 +22,8 @@ are passed to ``generate`` as the same list of 1-D LongTensors. ``SPECULATORS_DA
 (seconds, tests only) sleeps after each batch, to widen the window in which a test kills the
 run; ``SPECULATORS_DATAGEN_REPEAT`` (tests only) makes each batch's ``generate`` call N times
 (the same results, calls back to back), so that a test which interrupts "mid-call" finds one
-running however fast the machine is. The tests can run the real script instead (``SPECULATORS_COMPAT_REAL_DATAGEN``, see
-``tests/test_crash_resume.py``).
+running however fast the machine is. The tests can run the real script instead
+(``SPECULATORS_COMPAT_REAL_DATAGEN``, see ``tests/test_crash_resume.py``).
 """
 
 import argparse
