@@ -29,7 +29,8 @@ _at_exit: list = []  # [(pid, shutdown)] once the handler is registered
 
 
 def track(generator, at_exit=None) -> None:
-    """Register ``generator``; ``at_exit(generator)`` runs at interpreter exit for each one still alive."""
+    """Register ``generator``. The first ``at_exit`` given (``report``'s shutdown) is called at
+    interpreter exit with each generator still alive then; later ones are not kept."""
     with _lock:
         _live.add(generator)
         if at_exit is not None and not _at_exit:
