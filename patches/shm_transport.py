@@ -35,6 +35,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from ._common import SINCE_TWO_PHASE, SPECULATORS_03, WORKER, source_of, wait_offload
 
 METHOD = "_get_captured_states"
+STORE = "_store_captured_states"
 #: what the stock method's body must contain for the wrapper to stand in for it
 STOCK = ("torch.cat(layer_tensors, dim=0) for layer_tensors in self._captured_states", "self._captured_states = None")
 #: per process: stale files of killed runs were looked for
@@ -63,9 +64,23 @@ def static_probe(view) -> Probe:
     return _judge(view.speculators.source(WORKER, "HiddenStatesWorkerExtension", METHOD))
 
 
+def _store(wrapped, instance, args, kwargs):
+    from speculators_compat import transport
+
+    state = instance.__dict__.get(transport.WORKER_STATE)
+    if state is None or state.plan is None:
+        return wrapped(*args, **kwargs)
+    state.store(args[0] if args else kwargs["aux_hidden_states"])
+    return None
+
+
 def _get(wrapped, instance, args, kwargs):
     from speculators_compat import transport
 
+    state = instance.__dict__.get(transport.WORKER_STATE)
+    if state is not None and state.plan is not None and not (args or kwargs):
+        instance._captured_states = None
+        return state.finish()
     if not _SWEPT:
         _SWEPT.append(True)
         transport.remove_stale()
@@ -81,6 +96,7 @@ def _get(wrapped, instance, args, kwargs):
 
 
 def apply(module, patcher) -> None:
+    patcher.wrap(module.HiddenStatesWorkerExtension, STORE, _store)
     patcher.wrap(module.HiddenStatesWorkerExtension, METHOD, _get)
 
 

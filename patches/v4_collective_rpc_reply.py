@@ -69,7 +69,9 @@ class ReplyListExecutor(wrapt.ObjectProxy):
 def _check_captured(reply) -> None:
     import torch
 
-    if not isinstance(reply, list) or not all(isinstance(t, torch.Tensor) for t in reply):
+    from speculators_compat.transport import LayerStates  # written in place by results-in-place
+
+    if not isinstance(reply, list) or not all(isinstance(t, (torch.Tensor, LayerStates)) for t in reply):
         raise CaptureContractError(
             "collective_rpc('_get_captured_states', unique_reply_rank=0) returned "
             f"{type(reply).__name__}, expected a list of tensors (one per layer)"

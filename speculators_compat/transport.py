@@ -168,3 +168,593 @@ def remove_stale() -> list[str]:
     if removed:
         log.info("shm-transport: removed %d state file(s) a killed run left in %s", len(removed), folder())
     return removed
+
+
+# -- states written in place: a pool of shared-memory segments the worker copies into ----------
+#
+# The driver owns a pool of shared-memory segments. Before a call it lays the call's result
+# tensors out in one segment -- one block per (sequence, layer), ``rows x hidden`` -- and sends
+# the layout (a :class:`Plan`) to the workers. The capturing worker maps the segment once (on a
+# CUDA device it registers it with ``cudaHostRegister``, so the copies from the device are
+# asynchronous DMA straight into it) and copies each step's rows into their blocks. The driver
+# hands every block out as its own tensor (its storage is exactly the block's bytes: ``torch.save``
+# writes that sample, not the segment). When every block of a segment has been freed by the
+# caller, the segment is reused: steady state has no page faults and no registration cost.
+# Segment files are unlinked as soon as the worker has mapped them: nothing stays in /dev/shm.
+
+import bisect
+import mmap
+import threading
+import time
+import weakref
+
+#: alignment of every block in a segment (bytes)
+BLOCK_ALIGN = 64
+#: segments are sized in multiples of this (bytes)
+SEGMENT_QUANTUM = 16 << 20
+#: free segments kept for reuse beyond the one a call holds
+MAX_IDLE = 2
+#: ``SPECULATORS_COMPAT_HELD_RESULTS``: how many calls' worth of results may be held (not yet
+#: freed by the caller, e.g. not yet saved) before ``generate()`` waits; 0 = never wait
+HELD_RESULTS_ENV = "SPECULATORS_COMPAT_HELD_RESULTS"
+HELD_RESULTS_DEFAULT = 4
+#: ``generate()`` does not wait for held results when none was freed for this long
+STALL_S = 20.0
+
+
+class Plan:
+    """Where a call's captured rows go: sent to the workers before the call (small, picklable).
+
+    ``lengths``: rows per sequence in input order; ``offsets[layer][seq]``: byte offset of that
+    block in the segment; every block is ``lengths[seq] x hidden`` of ``dtype``."""
+
+    __slots__ = ("id", "segment", "path", "size", "lengths", "hidden", "dtype", "offsets", "retire")
+
+    def __init__(self, id, segment, path, size, lengths, hidden, dtype, offsets, retire=()):
+        self.id, self.segment, self.path, self.size = id, segment, path, size
+        self.lengths, self.hidden, self.dtype, self.offsets = lengths, hidden, dtype, offsets
+        self.retire = tuple(retire)
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.lengths)
+
+
+def layout(lengths: list[int], layers: int, hidden: int, itemsize: int) -> tuple[list[list[int]], int]:
+    """Byte offsets ``[layer][seq]`` of each block, layer-major, and the bytes they span."""
+    offsets, at = [], 0
+    for _ in range(layers):
+        row = []
+        for n in lengths:
+            row.append(at)
+            at = _align(at + n * hidden * itemsize, BLOCK_ALIGN)
+        offsets.append(row)
+    return offsets, max(at, 1)
+
+
+class _Segment:
+    __slots__ = ("id", "path", "size", "mm", "live", "busy", "known", "__weakref__")
+
+    def __init__(self, id, path, size, mm):
+        self.id, self.path, self.size, self.mm = id, path, size, mm
+        self.live = 0  # blocks handed out and not yet freed
+        self.busy = False  # a call is writing into it
+        self.known = False  # the workers have mapped it (and the file is unlinked)
+
+
+#: plan ids, unique in the driver process (every generator's calls share the reply registry)
+_plan_ids = itertools.count(1)
+
+#: attribute of the generator holding its :class:`Pool`
+POOL_ATTR = "_speculators_compat_pool"
+
+
+def pool_of(generator) -> "Pool | None":
+    return generator.__dict__.get(POOL_ATTR)
+
+
+class Pool:
+    """The driver's shared-memory segments (one pool per generator)."""
+
+    def __init__(self) -> None:
+        self._segments: dict[int, _Segment] = {}
+        self._retired: list[int] = []
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._last_free: float | None = None  # when the caller last freed a block
+        self._stalled = False
+        #: seconds ``acquire`` waited for held results to be freed, over the pool's life
+        self.waited_s = 0.0
+        #: the most bytes of segments held at once (results not yet freed + the call's)
+        self.peak_bytes = 0
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def held_bytes(self) -> int:
+        with self._cond:
+            return self._held()
+
+    def _held(self) -> int:
+        return sum(s.size for s in self._segments.values() if s.live or s.busy)
+
+    def _free_block(self, seg_id: int) -> None:
+        with self._cond:
+            seg = self._segments.get(seg_id)
+            if seg is not None:
+                seg.live -= 1
+            self._last_free = time.monotonic()
+            self._cond.notify_all()
+
+    # -- a call's segment -------------------------------------------------------------------
+
+    def acquire(self, nbytes: int, limit: int | None) -> _Segment | None:
+        """A free segment of at least ``nbytes``, marked busy; ``None`` when the shared-memory
+        folder lacks the room (the caller falls back to the stock path).
+
+        With ``limit`` (bytes): while the segments still held by the caller's results plus this
+        call would exceed it, wait -- as long as the caller is freeing results (saving them):
+        a caller that keeps its results, or frees none for ``STALL_S``, is not waited for."""
+        with self._cond:
+            if limit:
+                start = time.monotonic()
+                while self._held() and self._held() + _align(nbytes, SEGMENT_QUANTUM) > limit:
+                    if self._last_free is None:
+                        break  # nothing was ever freed: the caller keeps its results
+                    idle = time.monotonic() - self._last_free
+                    if idle >= STALL_S:
+                        if not self._stalled:
+                            self._stalled = True
+                            log.info("shm-transport: %.1f GiB of results held and none freed for %.0f s: "
+                                     "going on without waiting", self._held() / 2**30, STALL_S)
+                        break
+                    self._cond.wait(timeout=min(1.0, STALL_S - idle))
+                self.waited_s += time.monotonic() - start
+            fits = [s for s in self._segments.values() if not (s.live or s.busy) and s.size >= nbytes]
+            seg = min(fits, key=lambda s: s.size) if fits else None
+            if seg is None:
+                seg = self._create(nbytes)
+                if seg is None:
+                    return None
+            seg.busy = True
+            self._retire_idle()
+            self.peak_bytes = max(self.peak_bytes, self._held())
+            return seg
+
+    def _create(self, nbytes: int) -> _Segment | None:
+        size = _align(nbytes, SEGMENT_QUANTUM)
+        where = folder()
+        try:
+            stat = os.statvfs(where)
+        except OSError:
+            return None
+        if stat.f_bavail * stat.f_frsize < size + MARGIN and any(
+                not (s.live or s.busy) for s in self._segments.values()):
+            self._retire_idle(keep=0)  # idle segments give their room back
+            stat = os.statvfs(where)
+        if stat.f_bavail * stat.f_frsize < size + MARGIN:
+            log.debug("shm-transport: %s lacks %d bytes for a segment", where, size)
+            return None
+        seg_id = next(self._ids)
+        path = os.path.join(where, f"{PREFIX}-{os.getpid()}-{os.getpid()}-seg{seg_id}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            log.debug("shm-transport: cannot reserve %d bytes in %s (%s)", size, where, exc)
+            _unlink(path)
+            return None
+        finally:
+            os.close(fd)
+        seg = _Segment(seg_id, path, size, mm)
+        self._segments[seg_id] = seg
+        return seg
+
+    def _retire_idle(self, keep: int = MAX_IDLE) -> None:
+        idle = sorted((s for s in self._segments.values() if not (s.live or s.busy)), key=lambda s: s.size)
+        for seg in idle[:max(0, len(idle) - keep)]:
+            del self._segments[seg.id]
+            _unlink(seg.path)
+            try:
+                seg.mm.close()
+            except BufferError:  # a view is still exported (cannot happen once live == 0)
+                self._segments[seg.id] = seg
+                continue
+            if seg.known:
+                self._retired.append(seg.id)
+
+    def plan(self, seg: _Segment, lengths: list[int], layers: int, hidden: int, dtype: str,
+             itemsize: int) -> Plan:
+        offsets, _ = layout(lengths, layers, hidden, itemsize)
+        with self._cond:
+            retire, self._retired = self._retired, []
+        return Plan(next(_plan_ids), seg.id, seg.path, seg.size, list(lengths), hidden, dtype, offsets, retire)
+
+    def mapped(self, seg: _Segment) -> None:
+        """The workers have mapped ``seg``: its file is unlinked (nothing left in /dev/shm)."""
+        if not seg.known:
+            seg.known = True
+            _unlink(seg.path)
+
+    def release(self, seg: _Segment) -> None:
+        """The call is over (its blocks, if any were handed out, keep the segment held)."""
+        with self._cond:
+            seg.busy = False
+            self._cond.notify_all()
+
+    def blocks(self, seg: _Segment, plan: Plan) -> list[list]:
+        """Every block of ``plan`` as its own tensor ``[layer][seq]``; each keeps ``seg`` held
+        until it is freed."""
+        import numpy as np
+        import torch
+
+        dtype = _dtype(plan.dtype)
+        itemsize = _itemsize(dtype)
+        out = []
+        with self._cond:
+            seg.live += len(plan.offsets) * len(plan.lengths)
+        for row in plan.offsets:
+            layer = []
+            for n, off in zip(plan.lengths, row):
+                nbytes = n * plan.hidden * itemsize
+                arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=off)
+                weakref.finalize(arr, self._free_block, seg.id)
+                layer.append(torch.from_numpy(arr).view(dtype).view(n, plan.hidden))
+            out.append(layer)
+        return out
+
+    def close(self) -> None:
+        """Forget every segment (their mappings go with the last block tensor)."""
+        with self._cond:
+            for seg in self._segments.values():
+                _unlink(seg.path)
+            self._segments.clear()
+
+
+def _itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def held_results_limit(call_bytes: int) -> int | None:
+    """The byte limit on held results for a call of ``call_bytes`` (``None``: no limit)."""
+    raw = os.environ.get(HELD_RESULTS_ENV, "").strip()
+    try:
+        calls = float(raw) if raw else HELD_RESULTS_DEFAULT
+    except ValueError:
+        from .errors import InvalidInputError
+
+        raise InvalidInputError(f"{HELD_RESULTS_ENV}={raw!r}: expected a number of calls (0 = no limit)") from None
+    return int(calls * _align(call_bytes, SEGMENT_QUANTUM)) if calls > 0 else None
+
+
+# -- the driver's view of a call's reply ----------------------------------------------------
+
+#: plan id -> (the blocks [layer][seq], the call's state); filled before the call, taken by the reply
+_PENDING: dict[int, "Call"] = {}
+_pending_lock = threading.Lock()
+
+
+class Call:
+    """One call's blocks on the driver side, and what the worker reported about them."""
+
+    def __init__(self, plan: Plan, blocks: list[list]) -> None:
+        self.plan, self.blocks = plan, blocks
+        self.rows: int | None = None  # rows the worker copied (None: no reply yet)
+        self.finite: list[bool] | None = None  # per layer: no inf/nan in any row
+        self.error: str | None = None
+
+    def finite_blocks(self) -> dict[int, tuple]:
+        """``{data_ptr: shape}`` of the blocks whose layer the worker found finite."""
+        if not self.finite:
+            return {}
+        return {t.data_ptr(): tuple(t.shape) for layer, ok in zip(self.blocks, self.finite) if ok for t in layer}
+
+
+#: the blocks of the last call the worker found finite (``{data_ptr: shape}``), for guard-output
+_certified: dict[int, tuple] = {}
+
+
+def certify(blocks: dict[int, tuple]) -> None:
+    """Set the blocks the output guard need not scan for inf/nan (replaces the last call's)."""
+    global _certified
+    _certified = dict(blocks)
+
+
+def take_certified() -> dict[int, tuple]:
+    """The blocks of the call that just ended whose layer the worker found finite
+    (``{data_ptr: shape}``); the certificate is used once."""
+    global _certified
+    out, _certified = _certified, {}
+    return out
+
+
+def register_call(call: Call) -> None:
+    with _pending_lock:
+        _PENDING[call.plan.id] = call
+
+
+def forget_call(plan_id: int) -> None:
+    with _pending_lock:
+        _PENDING.pop(plan_id, None)
+
+
+class LayerStates:
+    """One layer of a call's reply, as the stock generator uses it: ``h[a:b].clone().cpu()``
+    gives the block of the sequence whose rows are ``a:b`` (its own tensor, no copy)."""
+
+    def __init__(self, call: Call, layer: int) -> None:
+        self._call, self._layer = call, layer
+        self._starts = list(itertools.accumulate([0] + call.plan.lengths[:-1]))
+
+    def __len__(self) -> int:
+        return self._call.plan.rows
+
+    @property
+    def shape(self):
+        import torch
+
+        return torch.Size([self._call.plan.rows, self._call.plan.hidden])
+
+    def _whole(self):
+        import torch
+
+        return torch.cat(self._call.blocks[self._layer]) if self._call.blocks[self._layer] else None
+
+    def __getitem__(self, key):
+        call = self._call
+        if call.error:
+            from .errors import CaptureContractError
+
+            raise CaptureContractError(call.error)
+        if isinstance(key, slice) and key.step in (None, 1):
+            start, stop = key.start or 0, key.stop
+            i = bisect.bisect_left(self._starts, start)
+            if i < len(self._starts) and self._starts[i] == start and stop == start + call.plan.lengths[i]:
+                return _Block(call.blocks[self._layer][i])
+        return self._whole()[key]
+
+    def __getattr__(self, name):
+        # anything else the caller does with a layer: on the concatenated rows (a copy)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._whole(), name)
+
+
+class _Block:
+    """A sequence's rows of one layer; ``clone()`` hands out the block tensor itself (it owns
+    exactly its bytes), a second ``clone()`` a real copy."""
+
+    __slots__ = ("_t", "_taken")
+
+    def __init__(self, tensor) -> None:
+        self._t, self._taken = tensor, False
+
+    def clone(self, *args, **kwargs):
+        if self._taken or args or kwargs:
+            return self._t.clone(*args, **kwargs)
+        self._taken = True
+        return self._t
+
+    def cpu(self, *args, **kwargs):
+        return self._t
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._t, name)
+
+
+def claim(plan_id: int, rows: int, finite: list[bool] | None, error: str | None = None) -> list:
+    """Called by the driver's unpickler with a worker's :class:`Written` reply: the call's layers
+    as the stock code expects them (a list, one :class:`LayerStates` per layer)."""
+    with _pending_lock:
+        call = _PENDING.get(plan_id)
+    if call is None:
+        # not this process's call (cannot happen for the generator's own reply)
+        from .errors import CaptureContractError
+
+        raise CaptureContractError(f"shm-transport: a reply for an unknown call {plan_id}")
+    call.rows, call.finite = rows, finite
+    if error is None and rows != call.plan.rows:
+        error = f"the worker captured {rows} rows per layer for {call.plan.rows} input tokens"
+    call.error = error
+    return [LayerStates(call, j) for j in range(len(call.blocks))]
+
+
+class Written:
+    """A worker's reply when a plan was active: the rows are already in the driver's segment."""
+
+    __slots__ = ("plan_id", "rows", "finite", "error")
+
+    def __init__(self, plan_id: int, rows: int, finite, error=None) -> None:
+        self.plan_id, self.rows, self.finite, self.error = plan_id, rows, finite, error
+
+    def __reduce__(self):
+        return claim, (self.plan_id, self.rows, self.finite, self.error)
+
+
+# -- the worker's side ----------------------------------------------------------------------
+
+#: attribute of the worker extension holding its :class:`WorkerState`
+WORKER_STATE = "_speculators_compat_written"
+
+
+class WorkerState:
+    """The capturing worker's mapped segments, the active plan and the copies in flight."""
+
+    def __init__(self) -> None:
+        self.segments: dict[int, tuple] = {}  # id -> (uint8 tensor over the mapping, registered)
+        self.plan: Plan | None = None
+        self.cursor = 0
+        self.sums: list = []  # per step: a [layers] float32 tensor of row sums (inf/nan propagate)
+        self.views: dict = {}
+        self.error: str | None = None
+        self.stream = None
+        #: seconds ``finish`` waited for the copies to land, over the worker's life
+        self.wait_s = 0.0
+
+    def accept(self, plan: Plan) -> None:
+        self.drop()  # copies of an unfinished call must land before a segment is reused
+        for seg_id in plan.retire:
+            self.forget(seg_id)
+        if plan.segment not in self.segments:
+            self.segments[plan.segment] = _map(plan.path, plan.size)
+        self.plan, self.cursor, self.sums, self.views, self.error = plan, 0, [], {}, None
+
+    def forget(self, seg_id: int) -> None:
+        entry = self.segments.pop(seg_id, None)
+        if entry is not None and entry[1]:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(entry[0].data_ptr())
+
+    def _view(self, layer: int, seq: int):
+        key = (layer, seq)
+        view = self.views.get(key)
+        if view is None:
+            plan = self.plan
+            buf = self.segments[plan.segment][0]
+            n = plan.lengths[seq]
+            dtype = _dtype(plan.dtype)
+            off = plan.offsets[layer][seq]
+            nbytes = n * plan.hidden * _itemsize(dtype)
+            view = self.views[key] = buf[off:off + nbytes].view(dtype).view(n, plan.hidden)
+        return view
+
+    def store(self, states: list) -> None:
+        """Copy one step's rows (one ``[tokens, hidden]`` tensor per layer) into their blocks."""
+        import torch
+
+        plan = self.plan
+        if self.error:
+            return
+        if len(states) != len(plan.offsets):
+            self.error = f"the worker captured {len(states)} layers per step for a plan of {len(plan.offsets)}"
+            return
+        rows = int(states[0].shape[0])
+        if any(s.dim() != 2 or int(s.shape[0]) != rows or int(s.shape[1]) != plan.hidden for s in states):
+            self.error = (f"a step's captured layers have shapes {[tuple(s.shape) for s in states]}, "
+                          f"expected [tokens, {plan.hidden}]")
+            return
+        if any(s.dtype != _dtype(plan.dtype) for s in states):
+            self.error = f"captured states of {states[0].dtype}, the call was laid out for {plan.dtype}"
+            return
+        if self.cursor + rows > plan.rows:
+            self.error = f"the worker captured more than the {plan.rows} rows of the call's input tokens"
+            return
+        device = states[0].device
+        cuda = device.type == "cuda"
+        self.sums.append(torch.stack([s.sum(dtype=torch.float32) for s in states]))
+        starts = self._starts()
+        copies = []
+        at, end = self.cursor, self.cursor + rows
+        seq = bisect.bisect_right(starts, at) - 1
+        while at < end:
+            seq_start = starts[seq]
+            take = min(end, seq_start + plan.lengths[seq]) - at
+            if take > 0:
+                copies.append((seq, at - seq_start, at - self.cursor, take))
+            at += max(take, 0)
+            seq += 1
+        if cuda:
+            stream = self.stream
+            if stream is None or stream.device != device:
+                stream = self.stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for j, s in enumerate(states):
+                    for seq, dst_row, src_row, n in copies:
+                        self._view(j, seq)[dst_row:dst_row + n].copy_(s[src_row:src_row + n], non_blocking=True)
+                    s.record_stream(stream)
+        else:
+            for j, s in enumerate(states):
+                s = s.to("cpu") if s.device.type != "cpu" else s
+                for seq, dst_row, src_row, n in copies:
+                    self._view(j, seq)[dst_row:dst_row + n].copy_(s[src_row:src_row + n])
+        self.cursor = end
+
+    def _starts(self) -> list[int]:
+        starts = getattr(self, "_starts_cache", None)
+        if starts is None or starts[1] is not self.plan:
+            starts = (list(itertools.accumulate([0] + self.plan.lengths[:-1])), self.plan)
+            self._starts_cache = starts
+        return starts[0]
+
+    def finish(self) -> Written:
+        """Wait for the copies and give the reply; the plan is over."""
+        import torch
+
+        plan, self.plan = self.plan, None
+        start = time.perf_counter()
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.wait_s += time.perf_counter() - start
+        finite = None
+        if self.sums:
+            finite = torch.isfinite(torch.stack(self.sums)).all(dim=0).tolist()
+        reply = Written(plan.id, self.cursor, finite, self.error)
+        self.sums, self.views, self.error = [], {}, None
+        return reply
+
+    def drop(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.plan, self.sums, self.views, self.error = None, [], {}, None
+
+
+def _map(path: str, size: int) -> tuple:
+    """Map a driver's segment (shared) and, on a CUDA device, register it for async copies."""
+    import torch
+
+    buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+    registered = False
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # 0 = cudaHostRegisterDefault: pinned, so copies from the device are asynchronous DMA
+        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), size, 0)
+        registered = int(getattr(err, "value", err)) == 0
+        if not registered:
+            log.warning("shm-transport: cudaHostRegister of %d bytes failed (%s): copies from the "
+                        "device are synchronous", size, err)
+    return buf, registered
+
+
+def accept_plan(worker, plan: Plan | None):
+    """Run in every worker by ``collective_rpc``: the capturing worker (TP rank 0, with the
+    ``shm-transport`` patch applied) takes ``plan`` (``None``: no plan for this call) and says
+    ``True``; every other worker says ``False``."""
+    ext = getattr(worker, "worker", None) or worker  # vLLM's WorkerWrapperBase wraps the worker
+    from . import hooks
+
+    if "shm-transport" not in hooks.applied_ids() or not getattr(ext, "_layer_ids", None):
+        return False
+    try:
+        from vllm.distributed import get_tp_group
+
+        if get_tp_group().rank_in_group != 0:
+            return False
+    except (ImportError, AssertionError):
+        pass
+    state = ext.__dict__.get(WORKER_STATE)
+    if state is None:
+        state = ext.__dict__[WORKER_STATE] = WorkerState()
+    if plan is None:
+        state.drop()
+        return True
+    state.accept(plan)
+    return True

@@ -111,3 +111,123 @@ def test_driver_threads_are_put_back_unless_the_user_chose_them(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+# -- results-in-place: the driver's pool, the worker's copies, the stock slicing ---------------
+
+STOCK_SLICE = "h[offset : offset + seq_len].clone().cpu() for h in aux_hidden_states"
+
+
+def stock_results(aux_hidden_states, lengths):
+    """speculators 0.3.0's result building in VllmHiddenStatesGenerator.generate"""
+    results, offset = [], 0
+    for seq_len in lengths:
+        results.append([h[offset : offset + seq_len].clone().cpu() for h in aux_hidden_states])
+        offset += seq_len
+    return results
+
+
+def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, seed=0, corrupt=None):
+    """One call through the mechanism: plan, the worker's copies of ``steps`` (rows per step,
+    cutting sequences anywhere), the pickled reply, the stock slicing. Returns (results, want)."""
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    full = [torch.randn(total, hidden, generator=g).to(dtype) for _ in range(n_layers)]
+    if corrupt is not None:
+        full[corrupt][total // 2, 1] = float("nan")
+    _, nbytes = transport.layout(lengths, n_layers, hidden, full[0].element_size())
+    seg = pool.acquire(nbytes, None)
+    plan = pool.plan(seg, lengths, n_layers, hidden, str(dtype).replace("torch.", ""), full[0].element_size())
+    worker = transport.WorkerState()
+    worker.accept(plan)
+    pool.mapped(seg)
+    call = transport.Call(plan, pool.blocks(seg, plan))
+    transport.register_call(call)
+    at = 0
+    for rows in steps:
+        worker.store([f[at:at + rows] for f in full])
+        at += rows
+    reply = pickle.loads(pickle.dumps(worker.finish()))
+    try:
+        results = stock_results(reply, lengths)
+    finally:
+        transport.forget_call(plan.id)
+        pool.release(seg)
+    return results, stock_results(full, lengths), call
+
+
+def test_the_stock_slicing_gets_blocks_that_own_exactly_their_bytes(shm, tmp_path):
+    pool = transport.Pool()
+    lengths = [5, 1, 17, 3, 40]
+    results, want, call = run_call(pool, lengths, steps=[7, 20, 39])  # steps cut sequences 0, 2 and 4
+    assert os.listdir(shm) == []  # the segment file is unlinked once the worker mapped it
+    for got_seq, want_seq, n in zip(results, want, lengths):
+        for got, w in zip(got_seq, want_seq):
+            assert torch.equal(got, w) and got.shape == (n, 24)
+            assert got.untyped_storage().nbytes() == n * 24 * 2  # not the segment's
+    torch.save(results[4][0], tmp_path / "one.pt")
+    assert (tmp_path / "one.pt").stat().st_size < 40 * 24 * 2 + 2048
+    assert call.finite == [True, True, True] and len(call.finite_blocks()) == 15
+
+
+def test_a_non_finite_layer_is_not_certified(shm):
+    _, _, call = run_call(transport.Pool(), [4, 9], steps=[13], corrupt=1)
+    assert call.finite == [True, False, True]
+    assert all(call.blocks[1][i].data_ptr() not in call.finite_blocks() for i in range(2))
+
+
+def test_a_worker_that_captured_too_few_rows_fails_the_call_clearly(shm):
+    from speculators_compat.errors import CaptureContractError
+
+    with pytest.raises(CaptureContractError, match="captured 10 rows per layer for 13 input tokens"):
+        run_call(transport.Pool(), [4, 9], steps=[10])
+
+
+def test_a_segment_is_reused_once_the_caller_freed_its_results(shm):
+    import gc
+
+    pool = transport.Pool()
+    results, _, _ = run_call(pool, [8, 8], steps=[16])
+    held, _, _ = run_call(pool, [8, 8], steps=[16])  # the first call's results are still held
+    both = set(pool._segments)
+    assert len(both) == 2 and pool.held_bytes() == 2 * transport.SEGMENT_QUANTUM
+    del results
+    gc.collect()
+    assert pool.held_bytes() == transport.SEGMENT_QUANTUM
+    again, _, _ = run_call(pool, [8, 8], steps=[16])
+    assert set(pool._segments) == both  # the freed segment was reused, none created
+    del held, again
+
+
+def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
+    import gc
+    import threading
+    import time
+
+    pool = transport.Pool()
+    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
+    nbytes = transport.layout([8], 3, 24, 2)[1]
+    limit = 2 * transport.SEGMENT_QUANTUM
+    # nothing was ever freed: a caller that keeps its results is not waited for
+    seg = pool.acquire(nbytes, limit)
+    assert pool.waited_s < 0.5
+    pool.release(seg)
+    held.pop()
+    gc.collect()  # one freed: the caller frees results (saves them); now a call over the limit waits
+
+    def free_later():
+        time.sleep(0.6)
+        held.pop(0)
+        gc.collect()
+
+    threading.Thread(target=free_later).start()
+    before = pool.waited_s
+    seg = pool.acquire(nbytes, limit)
+    assert 0.4 < pool.waited_s - before < 5
+    pool.release(seg)
+
+
+def test_the_stock_generate_still_slices_as_the_patch_expects():
+    from speculators_compat.patches import results_in_place
+
+    assert results_in_place.STOCK == STOCK_SLICE
