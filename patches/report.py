@@ -26,11 +26,14 @@ from __future__ import annotations
 import logging
 import time
 
+from speculators_compat import transport
 from speculators_compat.registry import Kind, Patch, Side
 
 from ._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, dead_workers, generator_patch
 
 log = logging.getLogger("speculators_compat")
+#: attribute of the generator holding its run totals
+TOTALS = "_speculators_compat_totals"
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -38,27 +41,54 @@ def _generate(wrapped, instance, args, kwargs):
 
     # `speculators-compat run` stops its workers on Ctrl-C / SIGTERM; one alive at exit is shut down then
     lifecycle.track(instance, at_exit=shutdown)
+    pool = transport.pool_of(instance)
+    waited = pool.waited_s if pool is not None else 0.0
     start = time.perf_counter()
     results = wrapped(*args, **kwargs)
     seconds = time.perf_counter() - start
     if results:
         states = results[0]["hidden_states"]
+        tokens = sum(len(r["input_ids"]) for r in results)
+        pool = transport.pool_of(instance)
+        waited = (pool.waited_s - waited) if pool is not None else 0.0
+        totals = instance.__dict__.setdefault(TOTALS, {"calls": 0, "tokens": 0, "seconds": 0.0})
+        totals["calls"] += 1
+        totals["tokens"] += tokens
+        totals["seconds"] += seconds
         log.info(
-            "generate(): %d sequences, %d tokens, layers %s, hidden %d, %s, %.2f s",
+            "generate(): %d sequences, %d tokens, layers %s, hidden %d, %s, %.2f s%s",
             len(results),
-            sum(len(r["input_ids"]) for r in results),
+            tokens,
             sorted(set(instance.layer_ids)),
             states[0].shape[-1] if states else 0,
             str(states[0].dtype).replace("torch.", "") if states else "-",
             seconds,
+            f" (%.2f s of it waiting for held results to be freed)" % waited if waited >= 0.01 else "",
         )
     return results
+
+
+def run_summary(generator) -> str | None:
+    """The generator's calls, tokens and time, and what waiting for held results cost."""
+    totals = generator.__dict__.get(TOTALS)
+    if not totals:
+        return None
+    pool = transport.pool_of(generator)
+    text = (f"{totals['calls']} generate() calls, {totals['tokens']} tokens, {totals['seconds']:.1f} s "
+            f"({totals['tokens'] / max(totals['seconds'], 1e-9):.0f} tokens/s)")
+    if pool is not None:
+        text += (f"; {pool.waited_s:.1f} s waiting for held results to be freed (saved), "
+                 f"at most {pool.peak_bytes / 2**30:.2f} GiB of results in shared memory")
+    return text
 
 
 def shutdown(generator) -> None:
     executor = generator.__dict__.pop("executor", None)
     if executor is None:
         return
+    summary = run_summary(generator)
+    if summary:
+        log.info("run: %s", summary)
     failed = bool(getattr(executor, "is_failed", False))
     try:
         executor.shutdown()

@@ -35,7 +35,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
-from datasets import config as datasets_config
+
+try:
+    from datasets import config as datasets_config
+
+    DATASETS_CACHE = str(datasets_config.HF_DATASETS_CACHE)
+except ImportError:  # only the config's cache_dir needs it (e.g. on the GPU machine, which lacks it)
+    DATASETS_CACHE = str(Path.home() / ".cache" / "huggingface" / "datasets")
 
 from speculators.data_generation.config_generator import DataGenerationConfig
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
@@ -89,7 +95,7 @@ def save_config(args, generator, num_samples, output_dir):
         generator=generator,
         train_data_path=args.train_data_path,
         seq_length=args.max_model_len,
-        cache_dir=str(datasets_config.HF_DATASETS_CACHE),
+        cache_dir=DATASETS_CACHE,
         num_samples=num_samples,
         max_samples=args.max_samples,
         seed=args.seed,
