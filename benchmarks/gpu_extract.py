@@ -1,14 +1,18 @@
 """Extraction speed on a GPU: the stock generator through the shim against vLLM's own prefill.
 
     python benchmarks/gpu_extract.py build ROOT                 # the random bf16 Llamas (no vLLM needed)
-    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024]
+    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--async] [--rounds 3] [--prompts 64] [--len 1024]
     python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR]
 
 ``bench``: one process, every engine alive on the same GPU, built once: vLLM's own eager prefill
 (``LLM(enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.3)``,
 ``generate(SamplingParams(max_tokens=1))``), and the stock ``VllmHiddenStatesGenerator`` through
-the shim, as installed (``extract``) and with ``results-in-place`` and ``pipelined-steps`` off
-(``extract_before``: how every call ran before those patches). After a warm-up the modes
+the shim, as installed (``extract``), with ``results-in-place`` and ``pipelined-steps`` off
+(``extract_before``: how every call ran before those patches), and with the capture hooks removed
+in the worker (``steps_nohooks``: the generator's steps alone; the call then fails at its end, as
+nothing was captured). ``--async``: ``extract`` runs its steps synchronously
+(``SPECULATORS_COMPAT_ASYNC_STEPS=0``) and a second generator, as installed, runs
+``extract_async``, whose rows are compared bit for bit with ``extract``'s. After a warm-up the modes
 alternate in a rotated order, ``--rounds`` times; each call is timed between CUDA
 synchronisations. Reported: tokens/s per call and their medians, the ratios to the prefill, where
 an extraction call's time went (until the worker's reply; the rest: results and guards; the
@@ -199,7 +203,10 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     from speculators_compat.patches import pipelined_steps
 
     t = time.time()
+    if async_too:  # ``extract`` then runs the steps synchronously, ``extract_async`` as installed
+        os.environ["SPECULATORS_COMPAT_ASYNC_STEPS"] = "0"
     gen = VllmHiddenStatesGenerator(model, layer_ids=layer_ids, max_model_len=2048, gpu_memory_utilization=util)
+    os.environ.pop("SPECULATORS_COMPAT_ASYNC_STEPS", None)
     report["generator_init_s"] = round(time.time() - t, 1)
     report["applied_driver"] = speculators_compat.applied_ids()
     marks = Marks()
@@ -239,11 +246,9 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     modes = {"prefill": lambda: prefill() or {}, "extract": lambda: extract(False),
              "extract_before": lambda: extract(True), "steps_nohooks": nohooks}
     if async_too:
-        os.environ["SPECULATORS_COMPAT_ASYNC_STEPS"] = "1"
         t = time.time()
         gen_async = VllmHiddenStatesGenerator(model, layer_ids=layer_ids, max_model_len=2048,
                                               gpu_memory_utilization=util)
-        os.environ.pop("SPECULATORS_COMPAT_ASYNC_STEPS")
         report["generator_async_init_s"] = round(time.time() - t, 1)
         report["async_scheduling"] = bool(gen_async.vllm_config.scheduler_config.async_scheduling)
 
@@ -400,7 +405,7 @@ def main(argv=None):
     p.add_argument("--len", type=int, default=1024)
     p.add_argument("--util", type=float, default=0.3)
     p.add_argument("--async", dest="async_too", action="store_true",
-                   help="also a generator with SPECULATORS_COMPAT_ASYNC_STEPS=1 (extract_async)")
+                   help="extract with SPECULATORS_COMPAT_ASYNC_STEPS=0, and a second generator as installed (extract_async)")
     p.add_argument("--dtype", default="auto", help="float32 for a CPU dry run (vLLM's CPU attention lacks bf16 on some CPUs)")
     s = sub.add_parser("stock")
     s.add_argument("model")
