@@ -169,7 +169,32 @@ def main() -> int:
         sizes = holder["gen"].executor.collective_rpc(lambda self: len(self.model_runner.requests))
         if any(sizes):
             raise AssertionError(f"worker request caches hold {sizes} requests")
-        return sizes
+        return {"requests": sizes, "in_place": in_place(holder["gen"], holder["first"])}
+
+    def in_place(gen, results):
+        """With results-in-place: each result tensor owns exactly its bytes, the segments of the
+        calls so far were reused (at most 4 for 4 calls, one of them still held), and no segment
+        file is left in the shared-memory folder."""
+        import glob
+
+        from speculators_compat import hooks, transport
+
+        if "results-in-place" not in hooks.applied_ids():
+            return "not applied"
+        pool = transport.pool_of(gen)
+        if pool is None:
+            raise AssertionError("results-in-place applied, but the generator has no pool")
+        for i, r in enumerate(results):
+            for t in r["hidden_states"]:
+                if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+                    raise AssertionError(f"sequence {i}: a {t.untyped_storage().nbytes()}-byte storage for "
+                                         f"{t.numel() * t.element_size()} bytes of states")
+        files = glob.glob(f"{transport.folder()}/{transport.PREFIX}-{os.getpid()}-*")
+        if files:
+            raise AssertionError(f"segment files left: {files}")
+        if not 1 <= len(pool._segments) <= 4:
+            raise AssertionError(f"{len(pool._segments)} segments after 4 calls")
+        return {"segments": len(pool._segments), "held_bytes": pool.held_bytes()}
 
     def step_badinput():
         gen = holder["gen"]
