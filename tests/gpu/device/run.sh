@@ -1,8 +1,8 @@
 #!/bin/bash
-# The project's steps ON the GPU machine, from the checkout root:  bash gpu/run.sh STEP...
-# (gpu/device.sh is the measured recipe it extends; gpu/README.md "Project runs" gives the call plan.)
+# The project's steps ON the GPU machine, from the checkout root:  bash tests/gpu/device/run.sh STEP...
+# (tests/gpu/device/device.sh is the measured recipe it extends; tests/gpu/device/README.md "Project runs" gives the call plan.)
 #
-#   (PAY=.gpu26 takes the payload from .gpu26/ instead of .gpu/: vLLM 0.26.0, see gpu/README.md)
+#   (PAY=.gpu26 takes the payload from .gpu26/ instead of .gpu/: vLLM 0.26.0, see tests/gpu/device/README.md)
 #   stash     copy the carried vLLM part(s) .gpu/cN/* to /tmp/parts (a carried path is gone at the next call)
 #   deps      pip-install the carried wheels into /tmp/site: .gpu/whl (vLLM's missing imports),
 #             .gpu/w2 (speculators 0.3.0, loguru, compressed-tensors 0.15.0.1, wrapt) and, if carried,
@@ -17,16 +17,16 @@
 #   extra     llguidance wheel + stripped xgrammar tarball (.gpu/x1) into /tmp/site (0.26: llguidance,
 #             xgrammar and apache-tvm-ffi wheels)
 #   import    python3 -c "import vllm; from vllm import LLM" (and speculators' generator)
-#   modcheck  gpu/modcheck.py: every missing third-party module of ~30 vLLM modules at once
+#   modcheck  tests/gpu/device/modcheck.py: every missing third-party module of ~30 vLLM modules at once
 #   check     python3 -m speculators_compat.check (text) -> $OUT/check.txt
 #   tests     tests/gpu/runner.py: prepare (no-op if done), TP=1 + perf, TP=2; $OUT/results.json
 #             + $OUT/logs.tar.gz. RUNNER_ARGS adds options (default: --parallel when 2 GPUs);
 #             the budget is what is left of 570 s since this script started (BUDGET overrides)
 #   tests-tp1 | tests-tp2 | tests-perf   one phase only (for a call after a partial run)
-#   smoke     gpu/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
+#   smoke     tests/gpu/device/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
 set -o pipefail
 SITE=${SITE:-/tmp/site}; PARTS=${PARTS:-/tmp/parts}   # overridable for a dry run elsewhere
-PAY=${PAY:-.gpu}   # the payload folder (gpu/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
+PAY=${PAY:-.gpu}   # the payload folder (tests/gpu/device/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
 SITE_TF4=${SITE_TF4:-$SITE-tf4}   # transformers 4.57 + its hub/tokenizers, ahead of $SITE
 # TF5_RUNS=1: vLLM and the shim run on the image's transformers 5.x (once the shim supports it);
 # prepare (the model builders, the INT4 quantization, HF references) always uses transformers 4.57
@@ -102,7 +102,7 @@ import speculators_compat
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep -v -E "^(INFO|WARNING) " | tail -5 ;;
   modcheck)
-    python3 gpu/modcheck.py 2>&1 | tee "$OUT/modcheck.log" | grep -v "^ok " ;;
+    python3 tests/gpu/device/modcheck.py 2>&1 | tee "$OUT/modcheck.log" | grep -v "^ok " ;;
   check)
     ( cd /tmp && python3 -m speculators_compat.check ) > "$OUT/check.txt" 2>&1; echo "check exit $?"
     grep -E "refused|covered|unknown" "$OUT/check.txt" | head -20 ;;
@@ -118,7 +118,7 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
     python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:(v['ok'],str(v.get('error',''))[:300]) for k,v in d['steps'].items()});print('mixed',{k:d['steps'].get('mixed',{}).get('value',{}).get(k) for k in ('max_rel_l2','pooled_rel_l2','rows_ok')})" "$OUT/extract_llama_tf5.json" 2>&1 | tail -3
     PYTHONPATH=$SITE python3 -c "import transformers;print('transformers',transformers.__version__)" ;;
   smoke)
-    timeout ${TMO:-240} python3 gpu/run_llm.py "$G016_ROOT/models/llama" > "$OUT/smoke.log" 2>&1
+    timeout ${TMO:-240} python3 tests/gpu/device/run_llm.py "$G016_ROOT/models/llama" > "$OUT/smoke.log" 2>&1
     echo "rc=$?"; grep -E "RESULT|Error|Traceback" "$OUT/smoke.log" | cut -c1-400 | tail -5 ;;
   *) echo "unknown step $s" ;;
   esac
