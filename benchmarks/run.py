@@ -1,6 +1,6 @@
 """Benchmarks: what the shim costs. Ratios against baselines run in the same command.
 
-    python benchmarks/run.py [--repeats 5] [--out benchmarks/results/latest.json] [--startup-only]
+    python benchmarks/run.py [--repeats 5] [--out docs/results/benchmark-latest.json] [--startup-only]
 
 (or ``tox -e bench``). Builds a random-weight Llama big enough that the forward dominates on
 a CPU (hidden 512, 8 layers), then, alternating A/B runs and reporting medians:
@@ -74,7 +74,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sequences", type=int, default=32)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "latest.json"))
+    ap.add_argument("--out", default=str(Path(__file__).parent.parent / "docs" / "results" / "benchmark-latest.json"))
     ap.add_argument("--startup-only", action="store_true", help="only the import and check times")
     args = ap.parse_args()
     if args.startup_only:
