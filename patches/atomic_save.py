@@ -9,10 +9,10 @@ loads nothing useful from).
 
 How: ``torch.save``, ``pathlib.Path.write_text`` and ``pathlib.Path.write_bytes`` are
 wrapped. A write whose destination is a path directly inside a folder registered with
-:func:`speculators_compat.resume.protect` -- ``speculators-compat run`` registers the
+:func:`speculators_compat.atomic.protect` -- ``speculators-compat run`` registers the
 stock script's ``--output-dir`` -- goes to a temporary file in the same folder
 (``.<name>.<random>.tmp``), which is fsynced, given the permissions ``open()`` would give
-it, and renamed over the final name (:func:`speculators_compat.resume.atomic_path`). Any
+it, and renamed over the final name (:func:`speculators_compat.atomic.atomic_path`). Any
 other destination (a file object, another folder, every write when nothing is registered)
 goes through unchanged. A kill leaves at most a temporary file, which the next run's resume
 sets aside.
@@ -61,26 +61,26 @@ def static_probe(view) -> Probe:
 
 
 def _torch_save(wrapped, instance, args, kwargs):
-    from speculators_compat import resume
+    from speculators_compat import atomic
 
     in_kwargs = "f" in kwargs
     target = kwargs["f"] if in_kwargs else (args[1] if len(args) > 1 else None)
-    final = resume.protected(target)
+    final = atomic.protected(target)
     if final is None:
         return wrapped(*args, **kwargs)
-    with resume.atomic_path(final) as tmp:
+    with atomic.atomic_path(final) as tmp:
         if in_kwargs:
             return wrapped(*args, **{**kwargs, "f": tmp})
         return wrapped(args[0], tmp, *args[2:], **kwargs)
 
 
 def _path_write(wrapped, instance, args, kwargs):
-    from speculators_compat import resume
+    from speculators_compat import atomic
 
-    final = resume.protected(instance)
+    final = atomic.protected(instance)
     if final is None:
         return wrapped(*args, **kwargs)
-    with resume.atomic_path(final) as tmp:
+    with atomic.atomic_path(final) as tmp:
         # the temporary name is never protected: this call goes straight to pathlib
         return getattr(type(instance)(tmp), wrapped.__name__)(*args, **kwargs)
 
