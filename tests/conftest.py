@@ -21,12 +21,12 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import matrix
 
-    from speculators_compat import validation, versions
+    from speculators_compat import versions
 
     env = matrix.current()
     transformers = versions.installed("transformers")
     torch = versions.installed("torch")
-    path = validation.write_run(folder, {
+    path = matrix.write_run(folder, {
         "env": env.name if env else "",
         "vllm": str(versions.vllm().base),
         "vllm_version": str(versions.vllm().version),

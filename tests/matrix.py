@@ -347,14 +347,66 @@ def system(packages: list[str]) -> int:
     return 0
 
 
+# -- validation records (speculators_compat/validated.json) --------------------------------------
+
+#: a release counts as validated only where its rows matched HF on this many model shapes
+MIN_MODELS = 2
+
+
+def write_run(folder: str, run: dict) -> str:
+    """Write one validation run (a dict with ``vllm``, ``speculators``, ``platform``, ``applied``,
+    ``models``, ``tp``, ``env`` ...) into ``folder``; returns the file's path."""
+    import datetime
+
+    from speculators_compat import atomic
+
+    os.makedirs(folder, exist_ok=True)
+    run = {"date": datetime.date.today().isoformat(), **run}
+    run["applied"] = sorted(set(run["applied"]))
+    name = f"{run.get('env') or 'run'}-{run['vllm']}-{run['speculators']}-{run['platform']}.json"
+    path = os.path.join(folder, name)
+    atomic.write_text(path, json.dumps(run, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def _key(run: dict) -> tuple:
+    return (run["vllm"], run["speculators"], run["platform"], run.get("transformers_line", ""))
+
+
+def merge(run_files: list[str], path: str | None = None) -> list[dict]:
+    """Merge validation runs into the table file (default: the package's ``validated.json``); a
+    run replaces an earlier one of the same (vLLM, speculators, platform, transformers line). A
+    run that compared fewer than ``MIN_MODELS`` model shapes is not merged (ValueError). Returns
+    the merged runs."""
+    from packaging.version import Version
+
+    from speculators_compat import atomic, validation
+
+    path = path or validation.VALIDATED_FILE
+    data = validation.load.__wrapped__(path)
+    by_key = {_key(r): r for r in data.get("runs", [])}
+    merged = []
+    for name in run_files:
+        with open(name, encoding="utf-8") as fh:
+            run = json.load(fh)
+        if len(run.get("models") or []) < MIN_MODELS:
+            raise ValueError(f"{name}: compared {run.get('models')} only; a validation run needs "
+                             f"{MIN_MODELS} model shapes or more")
+        by_key[_key(run)] = run
+        merged.append(run)
+    runs = sorted(by_key.values(), key=lambda r: (Version(r["vllm"]), Version(r["speculators"]), r["platform"],
+                                                   r.get("transformers_line", "")))
+    atomic.write_text(path, json.dumps({"schema": validation.SCHEMA, "runs": runs}, indent=1, sort_keys=True) + "\n")
+    validation.load.cache_clear()
+    return merged
+
+
 def record(folder: str) -> list[dict]:
     sys.path.insert(0, ROOT)
-    from speculators_compat import validation
-
     files = sorted(glob.glob(os.path.join(folder, "*.json")))
     if not files:
         raise SystemExit(f"no validation runs in {folder}")
-    return validation.merge(files)
+    return merge(files)
 
 
 def main(argv: list[str] | None = None) -> int:

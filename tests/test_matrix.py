@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 import matrix
+from speculators_compat import validation
 
 
 def test_generated_files_are_up_to_date():
@@ -33,3 +36,25 @@ def test_the_ci_label_is_what_ci_runs():
         assert ("labels = matrix, ci" in section) == env.ci, env.name
     with open(matrix.os.path.join(matrix.ROOT, ".ci", "run"), encoding="utf-8") as fh:
         assert "tox -m ci" in fh.read()
+
+
+def test_merge_replaces_a_run_of_the_same_key(tmp_path):
+    table = tmp_path / "validated.json"
+    shapes = ["llama", "qwen3"]
+    first = matrix.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
+                                                        "platform": "cpu", "applied": ["x"], "models": shapes})
+    matrix.merge([first], str(table))
+    again = matrix.write_run(str(tmp_path / "b"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
+                                                        "platform": "cpu", "applied": ["y", "x"], "models": shapes})
+    matrix.merge([again], str(table))
+    runs = validation.load.__wrapped__(str(table))["runs"]
+    assert [r["applied"] for r in runs] == [["x", "y"]]
+
+
+def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
+    table = tmp_path / "validated.json"
+    one = matrix.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.19.0", "speculators": "0.4.0.1",
+                                                      "platform": "cpu", "applied": ["x"], "models": ["llama"]})
+    with pytest.raises(ValueError, match="needs 2 model shapes"):
+        matrix.merge([one], str(table))
+    assert not table.exists()

@@ -105,28 +105,6 @@ def test_a_record_unites_its_platforms_and_names_them():
     assert rec.applied == {"p1", "v2", "offload"} and rec.platforms == ["cpu", "cuda"]
 
 
-def test_merge_replaces_a_run_of_the_same_key(tmp_path):
-    table = tmp_path / "validated.json"
-    shapes = ["llama", "qwen3"]
-    first = validation.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
-                                                        "platform": "cpu", "applied": ["x"], "models": shapes})
-    validation.merge([first], str(table))
-    again = validation.write_run(str(tmp_path / "b"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
-                                                        "platform": "cpu", "applied": ["y", "x"], "models": shapes})
-    validation.merge([again], str(table))
-    runs = validation.load.__wrapped__(str(table))["runs"]
-    assert [r["applied"] for r in runs] == [["x", "y"]]
-
-
-def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
-    table = tmp_path / "validated.json"
-    one = validation.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.19.0", "speculators": "0.4.0.1",
-                                                      "platform": "cpu", "applied": ["x"], "models": ["llama"]})
-    with pytest.raises(ValueError, match="needs 2 model shapes"):
-        validation.merge([one], str(table))
-    assert not table.exists()
-
-
 # -- decisions -----------------------------------------------------------------------------------
 
 
