@@ -87,7 +87,7 @@ def main() -> int:
         print(json.dumps(out["import"], indent=2))
         return 0
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     tiny.cpu_environment()
     os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", "float32")

@@ -12,7 +12,7 @@ the engine starts: transformers asks "Do you wish to run the custom code? [y/N]"
 terminal (a batch job) or no answer within 15 s, raises ``ValueError: The repository ...
 contains custom code which must be executed ... Please pass the argument
 `trust_remote_code=True```. Measured with the tiny Kimi-K2.5 checkpoint
-(``speculators_compat.tiny.build_kimi_k25``), whose tokenizer is laid out like the real one.
+(``speculators_compat.testing.tiny.build_kimi_k25``), whose tokenizer is laid out like the real one.
 
 How: while ``VllmHiddenStatesGenerator.__init__`` runs, a call of
 ``AutoTokenizer.from_pretrained`` for the generator's own ``model_path`` that does not say

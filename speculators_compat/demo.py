@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from . import tiny
+from .testing import tiny
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,7 +68,7 @@ BUSY = {"SPECULATORS_DATAGEN_REPEAT": "50"}
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny Llama (with a chat template, for the real script) and a dataset of N_SAMPLES."""
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     root = tmp_path_factory.mktemp("crash")
     model = tiny.build_llama(root / "model")
@@ -274,7 +274,7 @@ def clean(setup):
     """A run nobody kills: the reference dataset, itself compared with HF fp32 on a few samples."""
     import torch
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     out = setup["root"] / "clean"
     run = Run(command(setup, out), environment(), setup["root"], setup["root"] / "clean.log")

@@ -76,7 +76,7 @@ BUILD_KWARGS = {"kimi_k25": {"q_lora_rank": None}} if RELEASE < Version("0.16") 
 
 @pytest.fixture(scope="session")
 def build(tmp_path_factory):
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     built = {}
 
@@ -327,7 +327,7 @@ def test_deepseek_v3_on_cpu_needs_the_moe_activation_patch(build, tmp_path):
 def test_deepseek_v3_on_cpu_needs_the_moe_silu_patch(tmp_path):
     # vLLM 0.20-0.24's CPU fused MoE builds SiluAndMul(...) at every forward on its PyTorch path:
     # experts of 40 (not a multiple of 32) take that path on every CPU, AMX or not
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     path = str(tiny.build_deepseek_v3(tmp_path / "moe40", moe_intermediate_size=40))
     (tmp_path / "off").mkdir()
@@ -597,7 +597,7 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
 
     import torch
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     rng = random.Random(7)
     lengths = [1, 5, 40, 120, 300, 2100] + [rng.randint(2, 200) for _ in range(14)]

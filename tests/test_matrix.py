@@ -13,13 +13,13 @@ def test_generated_files_are_up_to_date():
 
 
 def test_every_environment_is_well_formed():
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     data, envs = matrix.load()
     names = [e.name for e in envs]
     assert len(names) == len(set(names))
     for env in envs:
-        # each model name is a tiny checkpoint: speculators_compat.tiny.build_<name>
+        # each model name is a tiny checkpoint: speculators_compat.testing.tiny.build_<name>
         assert env.models and all(hasattr(tiny, f"build_{m}") for m in env.models), env.name
         assert env.torch in data["torch"], env.name
     ci = [e for e in envs if e.ci]

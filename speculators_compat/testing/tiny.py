@@ -418,7 +418,7 @@ def build_kimi_k25(
     ``mm_projector.{pre_norm,proj.0,proj.2}.*``).
 
     Like the real checkpoint it needs its remote code, shipped here as minimal local equivalents
-    (``speculators_compat/remote_code/kimi_k25``): ``configuration_kimi_k25.py`` (``auto_map``
+    (``speculators_compat/testing/remote_code/kimi_k25``): ``configuration_kimi_k25.py`` (``auto_map``
     of config.json), ``kimi_k25_vision_processing.py`` (``auto_map`` of preprocessor_config.json,
     loaded by vLLM's Kimi-K2.5 processing) and ``tokenization_kimi.py`` (a tiktoken tokenizer,
     ``auto_map`` of tokenizer_config.json). The vision tower's size is written twice: as the
@@ -467,7 +467,7 @@ def build_kimi_k25(
         # Kimi-K2.5 has 1e-5; vLLM applies it to the MLA q_a/kv_a norms too, while transformers'
         # DeepseekV3 (and DeepSeek's reference code) keep 1e-6 there (transformers#44261,
         # vLLM#35515). 1e-6 makes both read the same model, so the comparison tests the capture
-        # (with 1e-5: 9e-6 at layer 0 and a flipped MoE route, measured; see notes/e014.md)
+        # (with 1e-5: 9e-6 at layer 0 and a flipped MoE route)
         "rms_norm_eps": 1e-6,
         "rope_theta": 50000.0,
         "rope_scaling": {

@@ -2,7 +2,7 @@
 
 Each builder writes a transformers checkpoint in bf16 (the dtype the GPU runs use, so vLLM's
 ``dtype="auto"`` and the fp32 HF reference start from the same weights) plus a locally
-trained tokenizer (``speculators_compat.tiny.build_tokenizer``).
+trained tokenizer (``speculators_compat.testing.tiny.build_tokenizer``).
 
 * ``llama``  -- a small Llama (GQA, head_dim 64: FLASH_ATTN on Hopper).
 * ``dsv3``   -- DeepSeek-V3 with the MLA dims Hopper's MLA kernels accept (kv_lora_rank 512 +
@@ -61,7 +61,7 @@ def _small() -> bool:
 def _save(model, path: Path, vocab_size: int) -> None:
     import torch
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     model.to(torch.bfloat16).save_pretrained(str(path), safe_serialization=True)
     tiny.build_tokenizer(path, vocab_size=min(vocab_size, 384))
@@ -149,7 +149,7 @@ def build_kimi(path: Path) -> dict:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, apply_quantization_config
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     model = _dsv3_model(kimi=True).to(torch.bfloat16)
     qcfg = kimi_quantization_config()
@@ -207,7 +207,7 @@ def build_perf(path: Path) -> None:
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(path), safe_serialization=True)
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     tiny.build_tokenizer(path, vocab_size=384)
     del model

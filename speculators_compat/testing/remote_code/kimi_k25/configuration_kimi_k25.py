@@ -1,5 +1,5 @@
 """Kimi-K2.5 configuration -- the tiny test checkpoint's stand-in for the real checkpoint's
-``configuration_kimi_k25.py`` (written by speculators_compat.tiny, never imported by the library).
+``configuration_kimi_k25.py`` (written by speculators_compat.testing.tiny, never imported by the library).
 
 Like moonshotai/Kimi-K2.5 it is reached through ``config.json``'s ``auto_map`` (``AutoConfig``),
 so ``AutoConfig.from_pretrained(path, trust_remote_code=True)`` -- what the stock speculators

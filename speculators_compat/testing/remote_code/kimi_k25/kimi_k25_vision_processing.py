@@ -1,5 +1,5 @@
 """Kimi-K2.5 media processor -- the tiny test checkpoint's stand-in for the real checkpoint's
-``kimi_k25_vision_processing.py`` (written by speculators_compat.tiny, never imported by the library).
+``kimi_k25_vision_processing.py`` (written by speculators_compat.testing.tiny, never imported by the library).
 
 Reached like the real one through ``preprocessor_config.json``'s ``auto_map``
 (``AutoImageProcessor``): vLLM's Kimi-K2.5 processing (``KimiK25ProcessingInfo``) loads it with

@@ -1,5 +1,5 @@
 """Kimi tokenizer -- the tiny test checkpoint's stand-in for the real checkpoint's
-``tokenization_kimi.py`` (written by speculators_compat.tiny, never imported by the library).
+``tokenization_kimi.py`` (written by speculators_compat.testing.tiny, never imported by the library).
 
 Like Kimi-K2 / K2.5 it is a slow ``PreTrainedTokenizer`` over a tiktoken BPE file
 (``tiktoken.model``: one ``base64-bytes rank`` line per token), reached only through
