@@ -58,3 +58,15 @@ def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
     with pytest.raises(ValueError, match="needs 2 model shapes"):
         matrix.merge([one], str(table))
     assert not table.exists()
+
+
+def test_the_workflow_is_one_job_template_over_every_environment():
+    with open(matrix.WORKFLOW, encoding="utf-8") as fh:
+        workflow = fh.read()
+    _, envs = matrix.load()
+    rows = [line.strip() for line in workflow.splitlines() if line.strip().startswith("- {env: ")]
+    assert [row.split(",")[0].removeprefix("- {env: ") for row in rows] == ["unit", *(e.name for e in envs)]
+    for env in envs:  # each environment's cache is keyed by the files that pin what it installs
+        assert f"pins: tests/requirements/{env.name}.txt, overrides: tests/requirements/overrides-torch-{env.torch}.txt" in workflow
+    assert "key: uv-${{ matrix.env }}-${{ hashFiles(matrix.pins, matrix.overrides) }}" in workflow
+    assert workflow.count("runs-on:") == 2  # the template, and the weekly check of the newest releases
