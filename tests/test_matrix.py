@@ -1,4 +1,4 @@
-"""The matrix table drives tox.ini, the requirement files, the workflow and the README table."""
+"""The matrix table drives tox.ini, the requirement files, the workflow and the table of docs/matrix.md."""
 
 from __future__ import annotations
 
@@ -70,3 +70,10 @@ def test_the_workflow_is_one_job_template_over_every_environment():
         assert f"pins: tests/requirements/{env.name}.txt, overrides: tests/requirements/overrides-torch-{env.torch}.txt" in workflow
     assert "key: uv-${{ matrix.env }}-${{ hashFiles(matrix.pins, matrix.overrides) }}" in workflow
     assert workflow.count("runs-on:") == 2  # the template, and the weekly check of the newest releases
+
+
+def test_check_guards_every_generated_file():
+    data, envs = matrix.load()
+    requirements = {e.requirements for e in envs}
+    requirements |= {matrix.os.path.join(matrix.REQUIREMENTS, f"overrides-torch-{t}.txt") for t in data["torch"]}
+    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC} | requirements
