@@ -106,7 +106,7 @@ def main() -> int:
     layers = [2, 4, 5, 7]
 
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-    from speculators_compat.patches import guard_input, guard_output
+    from speculators_compat.patches.guards import guard_input, guard_output
 
     gen = VllmHiddenStatesGenerator(path, layer_ids=layers, max_model_len=1024)
     gen.generate(prompts[:2])  # warm-up

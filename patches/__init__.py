@@ -19,10 +19,10 @@ from ._common import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 def discover() -> list:
     """Import every public module of this package and return its ``PATCH``es, in order."""
     found = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
+    for info in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
+        if info.name.rsplit(".", 1)[-1].startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(info.name)
         patch = getattr(module, "PATCH", None)
         if patch is not None:
             found.append(patch)

@@ -306,7 +306,7 @@ def test_qwen3_on_cpu_needs_the_rms_norm_patch(build, tmp_path):
 def test_cpu_rms_norm_kernel_ignores_row_strides():
     """What the patch works around, measured on the kernel itself: a strided view gives other
     rows than the same values made contiguous (0.0 once vLLM fixes its CPU kernel)."""
-    from speculators_compat.patches.cpu_rms_norm_strided import kernel_error
+    from speculators_compat.patches.cpu_platform.cpu_rms_norm_strided import kernel_error
 
     assert kernel_error() > 0.1
 
@@ -357,7 +357,7 @@ def test_ipex_grouped_topk_routes_unlike_vllm():
     """What the patch works around, measured on the MoE alone: IPEX's grouped top-k routing of a
     layer with a correction bias gives another output than vLLM's select_experts (0.0 once IPEX
     routes as vLLM and HF do)."""
-    from speculators_compat.patches.cpu_ipex_moe_routing import routing_error
+    from speculators_compat.patches.cpu_platform.cpu_ipex_moe_routing import routing_error
 
     assert routing_error() > 1e-3
 
@@ -566,7 +566,7 @@ def test_kimi_k25_base_model_path_matches_the_real_vllm_classes():
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
     from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
 
-    from speculators_compat.patches.v3_worker_capture import find_base_model
+    from speculators_compat.patches.vllm_api.v3 import find_base_model
 
     init = inspect.getsource(KimiK25ForConditionalGeneration.__init__)
     kimi = KimiK25ForConditionalGeneration.__new__(KimiK25ForConditionalGeneration)

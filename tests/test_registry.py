@@ -8,6 +8,7 @@ machinery only, never whether a patch works (the end-to-end tests do that on rea
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import subprocess
@@ -386,28 +387,42 @@ def test_patches_are_discovered_and_ordered_by_priority():
     assert max(by_id[p].priority for p in ("v4", "guard-input", "guard-output", "report")) < by_id["worker-death"].priority
 
 
+def _patch_modules() -> dict:
+    """``{dotted module name: module}`` of every module of the patch set that defines ``PATCH``."""
+    import pkgutil
+
+    import speculators_compat.patches as patches
+
+    out = {}
+    for info in pkgutil.walk_packages(patches.__path__, prefix=patches.__name__ + "."):
+        module = importlib.import_module(info.name)
+        if hasattr(module, "PATCH"):
+            out[info.name] = module
+    return out
+
+
 def test_patch_modules_do_not_import_each_other():
-    folder = os.path.join(ROOT, "patches")
-    names = {f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_")}
     import ast
 
-    for name in names:
-        with open(os.path.join(folder, f"{name}.py"), encoding="utf-8") as fh:
+    modules = _patch_modules()
+    for name, module in modules.items():
+        package = name if module.__file__.endswith("__init__.py") else name.rsplit(".", 1)[0]
+        with open(module.__file__, encoding="utf-8") as fh:
             tree = ast.parse(fh.read())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                module = node.module or ""
-                sibling = module if node.level == 1 else module.removeprefix("speculators_compat.patches.")
-                imported = {sibling} | ({a.name for a in node.names} if node.level == 1 and not module else set())
-                assert not (imported & (names - {name})), (name, module, [a.name for a in node.names])
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                    else node.module
+                imported = {base} | {f"{base}.{a.name}" for a in node.names}
+                assert not (imported & (set(modules) - {name})), (name, node.module)
 
 
 def test_every_registered_patch_is_documented():
-    import speculators_compat.patches as patches
     from speculators_compat.patches import REGISTRY
 
+    modules = _patch_modules().values()
     for p in REGISTRY:
-        module = next(m for m in vars(patches).values() if getattr(m, "PATCH", None) is p)
+        module = next(m for m in modules if getattr(m, "PATCH", None) is p)
         doc = module.__doc__ or ""
         assert p.id in doc.splitlines()[0], p.id
         for part in ("How", "Detection", "Remove"):
@@ -463,7 +478,7 @@ def test_binds(params, positional, keywords, why):
 
 def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.stock_calls import _judge
+    from speculators_compat.patches.preflight.stock_calls import _judge
     from speculators_compat.registry import Decision
 
     calls = [Call("Scheduler", "m", 0, ("vllm_config", "kv"), 10), Call("Request", "m", 0, ("rid", "eos"), 20),
@@ -515,7 +530,7 @@ def test_stock_calls_are_read_from_the_generator_source(tmp_path):
 
 
 def test_v1_judges_each_half():
-    from speculators_compat.patches.v1_engine_config import _judge
+    from speculators_compat.patches.vllm_api.v1 import _judge
 
     new_sched = sig("max_num_seqs", "max_model_len", "is_encoder_decoder")
     old_sched = sig(optional=("max_num_seqs", "max_model_len"))
@@ -533,7 +548,7 @@ def test_v1_judges_each_half():
     ],
 )
 def test_v2_judges_the_scheduler(params, shape):
-    from speculators_compat.patches.v2_scheduler_request import _judge
+    from speculators_compat.patches.vllm_api.v2 import _judge
 
     assert _judge(params).shape.value == shape
 
@@ -544,27 +559,28 @@ def test_v2_judges_the_scheduler(params, shape):
      ("v1_chunked_prefill", True, "new"), ("v1_chunked_prefill", None, "old")],
 )
 def test_the_default_probes(module, default, shape):
-    judge = importlib.import_module(f"speculators_compat.patches.{module}")._judge
+    judge = importlib.import_module(f"speculators_compat.patches.vllm_api.{module}")._judge
     field = "enable_prefix_caching" if "prefix" in module else "enable_chunked_prefill"
     assert judge({field: P(field, default)}).shape.value == shape
     assert judge({}).shape.value == "unknown"
 
 
 def test_v4_v5_dtype_judgements():
-    from speculators_compat.patches import dtype_option, v4_collective_rpc_reply, v5_two_phase_execution
+    from speculators_compat.patches.features import dtype
+    from speculators_compat.patches.vllm_api import v4, v5
 
     rpc = sig("method", optional=("unique_reply_rank",))
-    assert v4_collective_rpc_reply._judge(rpc, "Returns single result if unique_reply_rank is\n provided").shape.value == "new"
-    assert v4_collective_rpc_reply._judge(rpc, "Returns a list").shape.value == "old"
-    assert v4_collective_rpc_reply._judge(sig("method"), "").shape.value == "unknown"
-    assert v5_two_phase_execution._judge(True).shape.value == "new"
-    assert v5_two_phase_execution._judge(False).shape.value == "old"
-    assert dtype_option._judge(sig(optional=("dtype",))).shape.value == "new"
-    assert dtype_option._judge(sig("model")).shape.value == "unknown"
+    assert v4._judge(rpc, "Returns single result if unique_reply_rank is\n provided").shape.value == "new"
+    assert v4._judge(rpc, "Returns a list").shape.value == "old"
+    assert v4._judge(sig("method"), "").shape.value == "unknown"
+    assert v5._judge(True).shape.value == "new"
+    assert v5._judge(False).shape.value == "old"
+    assert dtype._judge(sig(optional=("dtype",))).shape.value == "new"
+    assert dtype._judge(sig("model")).shape.value == "unknown"
 
 
 def test_cpu_ipex_moe_routing_judges_the_moe_path():
-    from speculators_compat.patches.cpu_ipex_moe_routing import CALL, SELECT, _judge
+    from speculators_compat.patches.cpu_platform.cpu_ipex_moe_routing import CALL, SELECT, _judge
 
     build = "layer.cpu_fused_moe = cpu_fused_moe.IPEXFusedMOE(layer)"
     call = "return layer.ipex_fusion(x, use_grouped_topk, top_k, router_logits, renormalize, custom_routing_function)"
@@ -581,7 +597,7 @@ def test_cpu_ipex_moe_routing_judges_the_moe_path():
 
 @pytest.mark.parametrize("n", [1, 2, 10, 11, 12, 42, 120])
 def test_s04_result_order_inverts_the_string_sort_of_request_ids(n):
-    from speculators_compat.patches.s04_result_order import input_order
+    from speculators_compat.patches.speculators04.s04_result_order import input_order
 
     ids = [f"req_7_{i}" for i in range(n)]
     stock_order = [int(rid.rsplit("_", 1)[1]) for rid in sorted(ids)]  # what speculators 0.4 returns
@@ -635,7 +651,7 @@ def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.stock_calls import _runtime_signature
+    from speculators_compat.patches.preflight.stock_calls import _runtime_signature
     from speculators_compat.targets import GENERATOR, WORKER
 
     generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
@@ -698,7 +714,7 @@ def test_patcher_set_item_replaces_an_entry_and_undo_restores_it():
 def test_cpu_moe_silu_probe_reads_the_silu_entry_of_the_table(entry, shape):
     import ast
 
-    from speculators_compat.patches import cpu_moe_silu_instance as patch
+    from speculators_compat.patches.cpu_platform import cpu_moe_silu_instance as patch
 
     key = "MoEActivation.SILU" if "compile_native" in (entry or "") else '"silu"'
     source = "x = 1\n" if entry is None else (
@@ -710,7 +726,7 @@ def test_cpu_moe_silu_probe_reads_the_silu_entry_of_the_table(entry, shape):
 
 def test_tf5_attn_mask_stand_in_exists_only_while_speculators_populates(monkeypatch):
     from speculators_compat.errors import CompatError
-    from speculators_compat.patches import tf5_attn_mask_utils as patch
+    from speculators_compat.patches.transformers5 import tf5_attn_mask_utils as patch
 
     monkeypatch.setattr(patch, "_module_exists", lambda: False)
     monkeypatch.delitem(sys.modules, patch.REMOVED, raising=False)

@@ -163,7 +163,7 @@ def test_only_direct_children_of_a_protected_folder_are_protected(tmp_path):
 
 
 def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):
-    from speculators_compat.patches.atomic_save import _path_write
+    from speculators_compat.patches.guards.atomic_save import _path_write
 
     out = tmp_path / "out"
     out.mkdir()

@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from speculators_compat import transport  # noqa: E402
-from speculators_compat.patches import driver_threads, shm_transport  # noqa: E402
+from speculators_compat.patches.features.shm_transport import transport  # noqa: E402
+from speculators_compat.patches.features import driver_threads, shm_transport  # noqa: E402
 
 
 @pytest.fixture
