@@ -5,7 +5,8 @@ is registered -- adding a delta is adding one file. Within one target module pat
 the order of their declared ``priority`` (then id): later patches wrap earlier ones, so the
 guards (high priorities) see the patched generator. Each module's docstring gives the delta,
 how it is detected, and when it can be removed. Importing this package imports neither torch
-nor vLLM. Shared helpers live in ``_common``; patch modules never import each other.
+nor vLLM. The private modules hold what patches share: ``_probes`` (helpers for probes), ``_ranges``
+(version ranges), ``_idle_output`` (the scheduler output v5, s04-scheduler-loop and guard-input share).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ._common import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
+from speculators_compat.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 
 def discover() -> list:

@@ -401,10 +401,15 @@ def _patch_modules() -> dict:
     return out
 
 
-def test_patch_modules_do_not_import_each_other():
+def test_a_patch_imports_only_patches_that_apply_before_it_on_its_target():
+    """Patch modules import each other only along the order they apply in (the later one uses
+    the earlier one's runtime): never a patch of another target, never one applied after it."""
     import ast
 
+    from speculators_compat.patches import REGISTRY
+
     modules = _patch_modules()
+    position = {name: REGISTRY.index(module.PATCH) for name, module in modules.items()}
     for name, module in modules.items():
         package = name if module.__file__.endswith("__init__.py") else name.rsplit(".", 1)[0]
         with open(module.__file__, encoding="utf-8") as fh:
@@ -413,8 +418,9 @@ def test_patch_modules_do_not_import_each_other():
             if isinstance(node, ast.ImportFrom):
                 base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
                     else node.module
-                imported = {base} | {f"{base}.{a.name}" for a in node.names}
-                assert not (imported & (set(modules) - {name})), (name, node.module)
+                for other in ({base} | {f"{base}.{a.name}" for a in node.names}) & (set(modules) - {name}):
+                    assert modules[other].PATCH.target == module.PATCH.target, (name, other)
+                    assert position[other] < position[name], (name, other)
 
 
 def test_every_registered_patch_is_documented():
@@ -471,7 +477,7 @@ def sig(*names, optional=(), kwonly=(), varkw=False):
     ],
 )
 def test_binds(params, positional, keywords, why):
-    from speculators_compat.patches._common import binds
+    from speculators_compat.patches.preflight.stock_calls import binds
 
     assert binds(params, keywords, positional) == why
 

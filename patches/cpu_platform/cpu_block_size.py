@@ -28,8 +28,9 @@ from __future__ import annotations
 import re
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
 BACKEND = "CPUAttentionBackend"

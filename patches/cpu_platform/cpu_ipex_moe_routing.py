@@ -44,8 +44,9 @@ import inspect
 import platform
 
 from speculators_compat.registry import Kind, Patch, Probe, Shape, Side
+from speculators_compat.targets import WORKER
 
-from .._common import SINCE_TWO_PHASE, SPECULATORS_ALL, WORKER
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"

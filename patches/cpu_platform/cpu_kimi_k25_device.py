@@ -27,8 +27,9 @@ from __future__ import annotations
 import contextvars
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import WORKER
 
-from .._common import SPECULATORS_ALL, WORKER
+from .._ranges import SPECULATORS_ALL
 
 KIMI = "vllm.model_executor.models.kimi_k25"
 CLASS = "KimiK25ForConditionalGeneration"

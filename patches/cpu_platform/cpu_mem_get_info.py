@@ -20,8 +20,18 @@ Remove when the generator asks vLLM's platform for memory (not in speculators 0.
 from __future__ import annotations
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_03, platform_memory
+from .._ranges import SPECULATORS_03
+
+
+def platform_memory() -> tuple[int, int]:
+    """``(free, total)`` device memory as vLLM's current platform reports it (CPU: the
+    configured KV cache space), in the shape of ``torch.cuda.mem_get_info()``."""
+    from vllm.platforms import current_platform
+
+    total = int(current_platform.get_device_total_memory())
+    return total, total
 
 
 def probe(module) -> Probe:

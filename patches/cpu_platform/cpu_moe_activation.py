@@ -32,8 +32,9 @@ import ast
 import inspect
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import WORKER
 
-from .._common import SPECULATORS_ALL, WORKER
+from .._ranges import SPECULATORS_ALL
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 LAZY = "_LazyActivationDict"

@@ -37,8 +37,9 @@ import ast
 import inspect
 
 from speculators_compat.registry import Kind, Patch, Probe, Shape, Side
+from speculators_compat.targets import WORKER
 
-from .._common import SPECULATORS_ALL, WORKER
+from .._ranges import SPECULATORS_ALL
 
 CUSTOM_OPS = "vllm._custom_ops"
 LAYERNORM = "vllm.model_executor.layers.layernorm"
@@ -103,7 +104,6 @@ def kernel_error() -> float:
     """Max abs difference of the CPU kernel between a strided view and the same values made
     contiguous (0.0: the kernel honours row strides)."""
     import torch
-
     import vllm._C  # noqa: F401  (the CPU kernels; loaded already in a worker)
     from vllm import _custom_ops
 

@@ -30,8 +30,10 @@ from __future__ import annotations
 import inspect
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import WORKER
 
-from .._common import SINCE_TWO_PHASE, SPECULATORS_ALL, WORKER, vllm_module
+from .._probes import vllm_module
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 
 def _rotary():

@@ -19,8 +19,10 @@ Remove when speculators asks vLLM's platform for device memory.
 from __future__ import annotations
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_04, platform_memory
+from .._ranges import SPECULATORS_04
+from .cpu_mem_get_info import platform_memory
 
 
 def probe(module) -> Probe:

@@ -30,8 +30,9 @@ import logging
 import os
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
 #: the most torch threads put back (see the docstring's measurement)

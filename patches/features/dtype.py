@@ -21,8 +21,10 @@ import os
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.sources import render
+from speculators_compat.targets import GENERATOR
 
-from .._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, params, static_params
+from .._probes import params, static_params
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 ENV = "SPECULATORS_COMPAT_DTYPE"
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)

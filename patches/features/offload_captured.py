@@ -38,13 +38,14 @@ the CPU (where it is not needed). Remove when speculators offloads captured stat
 from __future__ import annotations
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import WORKER
 
-from .._common import OFFLOAD_STREAM, SINCE_TWO_PHASE, SPECULATORS_ALL, WORKER, wait_offload
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 METHOD = "_store_captured_states"
 GET = "_get_captured_states"
 #: per extension instance: the side stream its copies were queued on (or None)
-STREAM = OFFLOAD_STREAM
+STREAM = "_speculators_compat_offload_stream"
 
 
 def _judge(names, cpu: bool, platform: str) -> Probe:
@@ -99,8 +100,11 @@ def to_pinned_async(states, torch, holder: dict):
 
 
 def wait_copies(holder: dict) -> None:
-    """Wait for every copy queued by :func:`to_pinned_async` (one synchronisation per call)."""
-    wait_offload(holder)
+    """Wait for every copy queued by :func:`to_pinned_async` (one synchronisation per call);
+    ``holder`` is the extension's ``__dict__``."""
+    stream = holder.get(STREAM)
+    if stream is not None:
+        stream.synchronize()
 
 
 def offload(instance, states):

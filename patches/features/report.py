@@ -26,16 +26,17 @@ from __future__ import annotations
 import logging
 import time
 
+from speculators_compat import lifecycle
 from speculators_compat.registry import Kind, Patch, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, dead_workers, generator_patch
+from .._probes import generator_patch
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 
 
 def _generate(wrapped, instance, args, kwargs):
-    from speculators_compat import lifecycle
-
     # `speculators-compat run` stops its workers on Ctrl-C / SIGTERM; one alive at exit is shut down then
     lifecycle.track(instance, at_exit=shutdown)
     start = time.perf_counter()
@@ -67,7 +68,7 @@ def shutdown(generator) -> None:
     else:
         if failed:  # vLLM's worker monitor had already shut it down
             log.error(
-                "executor was shut down by vLLM after a worker died: %s", dead_workers(executor) or "unknown worker"
+                "executor was shut down by vLLM after a worker died: %s", lifecycle.dead_workers(executor) or "unknown worker"
             )
             return
         log.info(

@@ -44,8 +44,10 @@ import contextvars
 import logging
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SINCE_TWO_PHASE, SPECULATORS_ALL, generate_probes
+from .._probes import generate_probes
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 

@@ -33,8 +33,9 @@ import inspect
 import pathlib
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 
 def _judge(save_params: list[str] | None) -> Probe:

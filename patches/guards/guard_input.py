@@ -29,8 +29,11 @@ import numbers
 
 from speculators_compat.errors import InvalidInputError
 from speculators_compat.registry import Kind, Patch, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, forget_idle, generator_patch
+from .._idle_output import forget_idle
+from .._probes import generator_patch
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.registry import Kind, Patch, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import SINCE_TWO_PHASE, GENERATOR, SPECULATORS_ALL, generator_patch
+from .._probes import generator_patch
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 
 def check(generator, inputs, results) -> None:

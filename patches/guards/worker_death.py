@@ -40,18 +40,12 @@ from __future__ import annotations
 import logging
 
 from speculators_compat.errors import WorkerDiedError
+from speculators_compat.lifecycle import dead_workers, real_executor, watch_workers
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import (
-    GENERATOR,
-    SPECULATORS_ALL,
-    dead_workers,
-    generator_members,
-    real_executor,
-    source_of,
-    vllm_module,
-    watch_workers,
-)
+from .._probes import generator_members, source_of, vllm_module
+from .._ranges import SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 

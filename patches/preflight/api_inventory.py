@@ -24,8 +24,9 @@ Remove never: re-record the table (``python -m speculators_compat.inventory
 from __future__ import annotations
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 
 def static_probe(view) -> Probe:

@@ -22,13 +22,38 @@ Remove: never; it is the engine's own check.
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from speculators_compat.calls import Call, stock_calls
 from speculators_compat.registry import Cause, Kind, Patch, Probe, Side, Status
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_ALL, binds, params
+from .._probes import params, required
+from .._ranges import SPECULATORS_ALL
 
 PRIORITY = 89  # after every patch that edits a call, before the guards
+
+
+def binds(params: dict[str, inspect.Parameter], names, positional: int = 0) -> str | None:
+    """Why a call passing ``positional`` arguments and ``names`` as keywords does not bind to
+    ``params`` (``None``: it binds)."""
+    P = inspect.Parameter
+    ordered = [p for p in params.values() if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    takes_varargs = any(p.kind is P.VAR_POSITIONAL for p in params.values())
+    if positional > len(ordered) and not takes_varargs:
+        return f"takes {len(ordered)} positional arguments but {positional} were given"
+    filled = {p.name for p in ordered[:positional]}
+    takes_any = any(p.kind is P.VAR_KEYWORD for p in params.values())
+    unknown = [n for n in names if not takes_any and (n not in params or params[n].kind is P.POSITIONAL_ONLY)]
+    if unknown:
+        return f"got an unexpected keyword argument {unknown[0]!r}"
+    twice = [n for n in names if n in filled]
+    if twice:
+        return f"got multiple values for argument {twice[0]!r}"
+    missing = [n for n, p in params.items() if required(p) and n not in names and n not in filled]
+    if missing:
+        return f"missing a required argument: {missing[0]!r}"
+    return None
 
 
 def _edits(prior) -> dict[str, tuple[set[str], set[str], list[str]]]:

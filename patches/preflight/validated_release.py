@@ -21,8 +21,9 @@ Remove: never; add the release to the matrix instead.
 from __future__ import annotations
 
 from speculators_compat.registry import Cause, Kind, Patch, Probe, Side, context
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 
 def _judge(prior=None, installed=None) -> Probe:  # noqa: ARG001 (a preflight check's signature)

@@ -20,8 +20,10 @@ Remove when speculators returns results in input order (deleted generator in 0.5
 from __future__ import annotations
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_04, generate_probes
+from .._probes import generate_probes
+from .._ranges import SPECULATORS_04
 
 MARK = "sorted(request_id_to_idx"
 

@@ -23,8 +23,11 @@ from __future__ import annotations
 import wrapt
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_04, call_then_flush, flush_finished, generate_probes, remember_idle
+from .._idle_output import call_then_flush, flush_finished, remember_idle
+from .._probes import generate_probes
+from .._ranges import SPECULATORS_04
 
 
 def _judge(src: str) -> Probe:

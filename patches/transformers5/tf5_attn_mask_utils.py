@@ -37,8 +37,10 @@ import types
 
 from speculators_compat.errors import CompatError
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import SPECULATORS_CONFIG
 
-from .._common import SPECULATORS_03, SPECULATORS_CONFIG, transformers_version
+from .._probes import transformers_version
+from .._ranges import SPECULATORS_03
 
 REMOVED = "transformers.modeling_attn_mask_utils"
 FUNCTION = "_prepare_4d_causal_attention_mask"

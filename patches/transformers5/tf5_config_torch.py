@@ -49,8 +49,10 @@ import ast
 import sys
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import SPECULATORS_UTILS
 
-from .._common import SPECULATORS_03, SPECULATORS_UTILS, transformers_version
+from .._probes import transformers_version
+from .._ranges import SPECULATORS_03
 
 CONFIG_MODULE = "transformers.configuration_utils"
 CLASS_NAMES = ("PreTrainedConfig", "PretrainedConfig")  # v5 name, 4.x name (v5 keeps it as an alias)

@@ -32,8 +32,10 @@ import os
 
 from speculators_compat.errors import IncompatibleVllmError
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SINCE_TWO_PHASE, SPECULATORS_ALL, source_of
+from .._probes import source_of
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
 
 VAR = "VLLM_USE_V2_MODEL_RUNNER"
 CONFIG = "vllm.config.vllm"

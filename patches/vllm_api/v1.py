@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from speculators_compat.registry import Edit, Kind, Patch, Probe, Shape, Side
 from speculators_compat.sources import render
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_03, params, required, static_params
+from .._probes import params, required, static_params
+from .._ranges import SPECULATORS_03
 
 
 def _parts(sched, kv) -> dict[str, Shape]:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from speculators_compat.registry import Edit, Kind, Patch, Probe, Side
 from speculators_compat.sources import render
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_03, params, static_params
+from .._probes import params, static_params
+from .._ranges import SPECULATORS_03
 
 
 def _judge(p) -> Probe:

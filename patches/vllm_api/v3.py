@@ -32,8 +32,10 @@ import logging
 
 from speculators_compat.errors import IncompatibleVllmError, InvalidInputError
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import WORKER
 
-from .._common import SPECULATORS_03, WORKER, vllm_module
+from .._probes import vllm_module
+from .._ranges import SPECULATORS_03
 
 log = logging.getLogger("speculators_compat")
 

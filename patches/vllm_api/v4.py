@@ -27,8 +27,10 @@ import wrapt
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.sources import render
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_03, params, static_params, vllm_module
+from .._probes import params, static_params, vllm_module
+from .._ranges import SPECULATORS_03
 
 CONTRACT = "Returns single result if unique_reply_rank"
 

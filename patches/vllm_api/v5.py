@@ -31,8 +31,11 @@ from __future__ import annotations
 import wrapt
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_03, call_then_flush, flush_finished, params, remember_idle, vllm_module
+from .._idle_output import call_then_flush, flush_finished, remember_idle
+from .._probes import params, vllm_module
+from .._ranges import SPECULATORS_03
 
 
 def _judge(has_sample_tokens: bool) -> Probe:

@@ -29,8 +29,10 @@ from __future__ import annotations
 from speculators_compat.calls import stock_calls
 from speculators_compat.registry import Edit, Kind, Patch, Probe, Side
 from speculators_compat.sources import StaticView, render
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_ALL, params, static_params
+from .._probes import params, static_params
+from .._ranges import SPECULATORS_ALL
 
 DROPPED = "eos_token_id"
 SAMPLING = "vllm.sampling_params"

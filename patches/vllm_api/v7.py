@@ -31,8 +31,10 @@ from __future__ import annotations
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.sources import render
+from speculators_compat.targets import GENERATOR
 
-from .._common import GENERATOR, SPECULATORS_ALL, params, vllm_module
+from .._probes import params, vllm_module
+from .._ranges import SPECULATORS_ALL
 
 UTILS = "vllm.v1.attention.backends.utils"
 RESOLVE = "resolve_kv_cache_layout"

@@ -31,8 +31,11 @@ from __future__ import annotations
 import os
 
 from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import WORKER
 
-from ..._common import SINCE_TWO_PHASE, SPECULATORS_03, WORKER, source_of, wait_offload
+from ..._probes import source_of
+from ..._ranges import SINCE_TWO_PHASE, SPECULATORS_03
+from ..offload_captured import wait_copies
 
 METHOD = "_get_captured_states"
 #: what the stock method's body must contain for the wrapper to stand in for it
@@ -72,7 +75,7 @@ def _get(wrapped, instance, args, kwargs):
     layers = getattr(instance, "_captured_states", None)
     if args or kwargs or not layers or not all(isinstance(parts, list) and parts for parts in layers):
         return wrapped(*args, **kwargs)
-    wait_offload(instance.__dict__)
+    wait_copies(instance.__dict__)
     handle = transport.write_states(layers, owner_pid=os.getppid())
     if handle is None:
         return wrapped(*args, **kwargs)
