@@ -46,14 +46,15 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture
 def fake_registry(monkeypatch, tmp_path):
     """Point the engine at a throw-away registry and target module (unit tests only)."""
-    import speculators_compat.patches as patches
+    from speculators_compat import targets
 
     hooks.reset()
     state = {}
-    monkeypatch.setattr(patches, "REGISTRY", state.setdefault("registry", []))
-    monkeypatch.setattr(patches, "ENTRY_POINTS", state.setdefault("entry", {}))
+    hooks.install(state.setdefault("registry", []))
+    monkeypatch.setattr(targets, "ENTRY_POINTS", state.setdefault("entry", {}))
     monkeypatch.syspath_prepend(str(tmp_path))
     state["dir"] = tmp_path
     yield state
     hooks.reset()
     hooks.revert()
+    hooks.install(hooks.PATCH_SET)

@@ -397,9 +397,9 @@ def _worker_death_range() -> bool:
     from packaging.specifiers import SpecifierSet
 
     from speculators_compat import versions
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
-    patch = next(p for p in REGISTRY if p.id == "worker-death")
+    patch = next(p for p in hooks.patches() if p.id == "worker-death")
     return SpecifierSet(patch.vllm).contains(versions.vllm().base, prereleases=True)
 
 

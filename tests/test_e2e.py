@@ -276,10 +276,10 @@ def test_stock_generator_fails_without_the_shim(model, tmp_path):
         return
     # 0.11.1/0.11.2: with nothing patched the CPU build fails first in torch.cuda.mem_get_info
     # (no GPU, not a vLLM delta); with only that stand-in, on the Scheduler's new block_size
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
     assert "NVIDIA driver" in failed["start"]
-    others = ",".join(p.id for p in REGISTRY if p.id != "cpu-mem-get-info")
+    others = ",".join(p.id for p in hooks.patches() if p.id != "cpu-mem-get-info")
     report = scenario(model, tmp_path, disable=others, steps=["start"])
     assert "block_size" in failures(report)["start"]
 
@@ -473,7 +473,7 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 
 
 def test_every_patch_is_shown_necessary():
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
     # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
     # runner-v1: the CPU builds never pick Model Runner V2 (test_model_runner_v2_asked_for_is_refused);
@@ -493,7 +493,7 @@ def test_every_patch_is_shown_necessary():
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
         "driver-threads", "runner-v1", "worker-death", "atomic-save", "tokenizer-trust",
         "cpu-kimi-k25-device", "cpu-moe-silu-instance"} | set(NEEDED_WHERE)
-    assert {p.id for p in REGISTRY} <= shown
+    assert {p.id for p in hooks.patches()} <= shown
 
 
 @pytest.fixture(scope="module")
@@ -525,14 +525,14 @@ def run_check(tmp_path, deep: bool) -> tuple[int, dict]:
 def test_check_reports_what_applies(check_of, mode):
     """The fast check (sources only) and the deep one (runtime probes) must both list exactly
     the patches the validation record says applied on this release, and know every API."""
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
     rc, rep = check_of(mode == "deep")
     assert rep["mode"] == mode
     assert rep["vllm"]["cpu_build"] is True
     assert rep["vllm"]["version"].startswith(str(RELEASE))
     assert {p["id"] for p in rep["patches"] if p["side"] == "worker"} == {
-        p.id for p in REGISTRY if p.side.value == "worker"}
+        p.id for p in hooks.patches() if p.side.value == "worker"}
     status = {p["id"]: p["status"] for p in rep["patches"]}
     if ENV is not None and ENV.suite == "check":  # no validation run here: the ceiling refuses
         assert rc == 1 and rep["covered"] is False and rep["validation"] is None
@@ -678,9 +678,8 @@ import os, sys
 # speculators` work at all (transformers v5)
 import speculators_compat
 from speculators_compat import hooks
-from speculators_compat.patches import REGISTRY
 import importlib
-targets = {p.target for p in REGISTRY}
+targets = {p.target for p in hooks.patches()}
 mods = {t: importlib.import_module(t) for t in sorted(targets)}
 import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
@@ -716,9 +715,10 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env["SPECULATORS_COMPAT_DTYPE"] = "float32"
-    from speculators_compat.patches import REFUSE_AT_IMPORT, REGISTRY
+    from speculators_compat import hooks
+    from speculators_compat.targets import REFUSE_AT_IMPORT
 
-    env["SPECULATORS_COMPAT_DISABLE"] = ",".join(p.id for p in REGISTRY if p.target not in REFUSE_AT_IMPORT)
+    env["SPECULATORS_COMPAT_DISABLE"] = ",".join(p.id for p in hooks.patches() if p.target not in REFUSE_AT_IMPORT)
     proc = subprocess.run([sys.executable, "-c", CONTRACT], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

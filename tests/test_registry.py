@@ -23,6 +23,7 @@ import speculators_compat
 from speculators_compat import _env, hooks, validation, versions
 from speculators_compat.errors import IncompatibleVllmError
 from speculators_compat.registry import Cause, Context, Edit, Kind, Patch, Probe, Side, Status, evaluate
+from speculators_compat.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +110,7 @@ def test_a_record_unites_its_platforms_and_names_them():
 # -- decisions -----------------------------------------------------------------------------------
 
 
-def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", kind=Kind.DELTA, priority=50):
+def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", kind=Kind.DELTA):
     calls = {"apply": 0}
 
     def probe(module):
@@ -121,7 +122,7 @@ def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", k
 
     p = Patch(
         id=pid, title=pid, delta="old -> new", side=Side.DRIVER, target=target, vllm=vllm,
-        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind, priority=priority,
+        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind,
     )
     return p, calls
 
@@ -334,15 +335,12 @@ def test_import_is_light(tmp_path):
 
 
 def test_every_target_is_inside_the_trigger_package():
-    from speculators_compat.patches import REGISTRY
-
-    assert all(p.target.startswith(hooks.TRIGGER + ".") for p in REGISTRY)
+    assert all(p.target.startswith(hooks.TRIGGER + ".") for p in hooks.patches())
 
 
 def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path):
     # A stand-in ``speculators`` package (not installed in this env) with the generator module
     # at its real path: the hooks must register when it is imported, not before.
-    from speculators_compat.patches import GENERATOR
 
     parts = GENERATOR.split(".")
     folder = tmp_path.joinpath(*parts[:-1])
@@ -370,21 +368,75 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
 # -- discovery, documentation --------------------------------------------------------------------
 
 
-def test_patches_are_discovered_and_ordered_by_priority():
-    import speculators_compat.patches as patches
-    from speculators_compat.patches import REGISTRY
+#: the order the patches of each target applied in when integer priorities ordered them; the
+#: ``after=`` declarations keep it (a new patch takes its place here)
+APPLY_ORDER = {
+    GENERATOR: [
+        "validated-release", "api-inventory", "v1", "v1-prefix-caching", "v1-chunked-prefill",
+        "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "v5", "s04-scheduler-loop", "s04-result-order",
+        "cpu-mem-get-info", "s04-cpu-mem-get-info", "dtype", "cpu-block-size", "driver-threads", "stock-calls",
+        "guard-output", "guard-input", "atomic-save", "report", "worker-death",
+    ],
+    WORKER: [
+        "v3", "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing",
+        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport",
+    ],
+    SPECULATORS_UTILS: [
+        "tf5-config-torch",
+    ],
+    SPECULATORS_CONFIG: [
+        "tf5-attn-mask-utils",
+    ],
+}
 
-    assert REGISTRY == patches.discover()
-    assert [p.priority for p in REGISTRY] == sorted(p.priority for p in REGISTRY)
-    assert len({p.id for p in REGISTRY}) == len(REGISTRY)
-    by_id = {p.id: p for p in REGISTRY}
-    # later patches wrap earlier ones: the guards see the patched generator, the preflight
-    # checks see what the repairs changed
-    assert by_id["v5"].priority < by_id["stock-calls"].priority < by_id["guard-output"].priority
-    assert by_id["validated-release"].priority == min(p.priority for p in REGISTRY)
+
+def test_the_declared_order_keeps_the_order_the_patches_applied_in():
+    registry = hooks.patches()
+    for target, ids in APPLY_ORDER.items():
+        assert [p.id for p in registry if p.target == target] == ids, target
+    assert sorted(p.id for p in registry) == sorted(i for ids in APPLY_ORDER.values() for i in ids)
+
+
+def test_later_patches_wrap_earlier_ones():
+    position = {p.id: i for i, p in enumerate(hooks.patches())}
+    # the guards see the repaired generator; stock-calls binds the calls as the repairs edited them
+    assert position["v5"] < position["stock-calls"] < position["guard-output"] < position["guard-input"]
+    assert position["validated-release"] == 0
     # worker-death wraps the MultiprocExecutor name v4 wrapped, and its generate() wrapper is the
     # outermost: it sees the error after guard-input's recovery and report's line
-    assert max(by_id[p].priority for p in ("v4", "guard-input", "guard-output", "report")) < by_id["worker-death"].priority
+    assert max(position[p] for p in ("v4", "guard-input", "guard-output", "report")) < position["worker-death"]
+    for patch in hooks.patches():
+        assert all(position[other] < position[patch.id] for other in patch.after), patch.id
+
+
+def test_order_follows_after_then_the_tie_break():
+    from speculators_compat.discovery import order
+
+    def p(pid, after=(), target="t"):
+        return Patch(id=pid, title=pid, delta="d", side=Side.DRIVER, target=target, speculators=">=0.3",
+                     probe=lambda m: Probe.new(""), apply=lambda m, q: None, after=after)
+
+    assert [x.id for x in order([p("c"), p("a", after=("c",)), p("b")])] == ["b", "c", "a"]
+    assert [x.id for x in order([p("b"), p("a")], key=lambda x: {"a": 1, "b": 0}[x.id])] == ["b", "a"]
+    for bad, why in [([p("a"), p("a")], "duplicate patch id 'a'"),
+                     ([p("a", after=("z",))], "after='z' names no patch"),
+                     ([p("a"), p("b", after=("a",), target="u")], "a patch of another target"),
+                     ([p("a", after=("b",)), p("b", after=("a",))], "cycle")]:
+        with pytest.raises(ImportError, match=why):
+            order(bad)
+
+
+def test_every_patch_lives_in_a_group_of_its_kind_under_its_id():
+    groups = {"preflight": {Kind.GUARD}, "transformers5": {Kind.PLATFORM}, "vllm_api": {Kind.DELTA, Kind.FIX},
+              "speculators04": {Kind.FIX}, "cpu_platform": {Kind.PLATFORM}, "features": {Kind.FEATURE},
+              "guards": {Kind.GUARD}}
+    import speculators_compat.patches as patches
+
+    assert tuple(groups) == patches.GROUPS
+    for name, module in _patch_modules().items():
+        group, *_, leaf = name.removeprefix("speculators_compat.patches.").split(".")
+        assert leaf == module.PATCH.id.replace("-", "_"), name
+        assert module.PATCH.kind in groups[group], (name, module.PATCH.kind)
 
 
 def _patch_modules() -> dict:
@@ -406,10 +458,9 @@ def test_a_patch_imports_only_patches_that_apply_before_it_on_its_target():
     the earlier one's runtime): never a patch of another target, never one applied after it."""
     import ast
 
-    from speculators_compat.patches import REGISTRY
-
     modules = _patch_modules()
-    position = {name: REGISTRY.index(module.PATCH) for name, module in modules.items()}
+    registry = hooks.patches()
+    position = {name: registry.index(module.PATCH) for name, module in modules.items()}
     for name, module in modules.items():
         package = name if module.__file__.endswith("__init__.py") else name.rsplit(".", 1)[0]
         with open(module.__file__, encoding="utf-8") as fh:
@@ -424,10 +475,8 @@ def test_a_patch_imports_only_patches_that_apply_before_it_on_its_target():
 
 
 def test_every_registered_patch_is_documented():
-    from speculators_compat.patches import REGISTRY
-
     modules = _patch_modules().values()
-    for p in REGISTRY:
+    for p in hooks.patches():
         module = next(m for m in modules if getattr(m, "PATCH", None) is p)
         doc = module.__doc__ or ""
         assert p.id in doc.splitlines()[0], p.id
@@ -440,7 +489,8 @@ def test_every_registered_patch_is_documented():
 def test_the_checkout_root_works_without_installing(tmp_path):
     """From the root of a source checkout, ``speculators_compat.patches`` is the sibling
     ``patches/`` folder (installed, it is the subpackage)."""
-    code = "import speculators_compat.patches as p, sys; print(p.__file__, len(p.REGISTRY))"
+    code = ("import speculators_compat.patches as p, sys; from speculators_compat import hooks; "
+            "print(p.__file__, len(hooks.patches()))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
     path, count = out.stdout.split()
@@ -625,9 +675,7 @@ def test_check_json_follows_the_documented_schema(tmp_path):
     assert set(rep) == {"schema", "mode", "python", "torch", "transformers", "vllm", "speculators", "validation",
                         "covered", "patches", "apis"}
     assert rep["schema"] == 3 and rep["mode"] == "static"
-    from speculators_compat.patches import REGISTRY
-
-    assert [p["id"] for p in rep["patches"]] == [p.id for p in REGISTRY]
+    assert [p["id"] for p in rep["patches"]] == [p.id for p in hooks.patches()]
     for p in rep["patches"]:
         assert set(p) == {"id", "title", "side", "kind", "family", "delta", "target", "vllm_range", "speculators",
                           "status", "cause", "reason"}
@@ -643,12 +691,10 @@ def test_check_json_follows_the_documented_schema(tmp_path):
 
 
 def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path):
-    from speculators_compat.patches import REGISTRY
-
     out = subprocess.run(
         [sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True, cwd=tmp_path
     ).stdout.splitlines()
-    for patch in REGISTRY:
+    for patch in hooks.patches():
         row = next(i for i, line in enumerate(out) if line.split()[:1] == [patch.id])
         assert out[row].split()[1] in {"applies", "not", "refused", "disabled"}, out[row]
         assert out[row + 1].split(None, 1) == ["delta", patch.delta], out[row + 1]
@@ -658,7 +704,6 @@ def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
     from speculators_compat.calls import Call
     from speculators_compat.patches.preflight.stock_calls import _runtime_signature
-    from speculators_compat.targets import GENERATOR, WORKER
 
     generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
     generator.Scheduler = lambda vllm_config, block_size: None
@@ -671,11 +716,11 @@ def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them
 def test_a_refusal_at_an_import_time_target_fails_that_import(fake_registry, at_versions, monkeypatch):
     """speculators.utils/.config have no entry point to stop: a refused patch there fails the
     import with the refusal (not with the foreign traceback that would follow)."""
-    import speculators_compat.patches as patches
+    from speculators_compat import targets
     from speculators_compat.errors import IncompatibleVllmError
 
     write_target(fake_registry["dir"], "fake_target6")
-    monkeypatch.setattr(patches, "REFUSE_AT_IMPORT", frozenset({"fake_target6"}))
+    monkeypatch.setattr(targets, "REFUSE_AT_IMPORT", frozenset({"fake_target6"}))
     patch = Patch(id="p6", title="t", delta="d", side=Side.DRIVER, target="fake_target6", speculators=">=0.3,<0.4",
                   probe=lambda m: Probe.unknown("a shape nobody has seen"), apply=lambda m, p: None, api="fake.g")
     fake_registry["registry"].append(patch)

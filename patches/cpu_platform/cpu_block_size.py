@@ -119,7 +119,8 @@ PATCH = Patch(
     api=f"{CPU_ATTN}.{BACKEND}.{METHOD} / vllm.config.CacheConfig(block_size=)",
     side=Side.DRIVER,
     kind=Kind.PLATFORM,
-    priority=74,
+    # wraps CacheConfig outside v1-prefix-caching; after dtype: listing order only
+    after=("v1-prefix-caching", "dtype"),
     target=GENERATOR,
     speculators=SPECULATORS_ALL,
     probe=probe,

@@ -91,7 +91,6 @@ PATCH = Patch(
     api="vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.forward_cpu",
     side=Side.WORKER,
     kind=Kind.PLATFORM,
-    priority=70,
     target=WORKER,
     vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,

@@ -72,7 +72,7 @@ PATCH = Patch(
     api="vllm.config.ModelConfig(dtype=)",
     side=Side.DRIVER,
     kind=Kind.FEATURE,
-    priority=65,
+    after=("runner-v1",),  # wraps __init__ outside it
     target=GENERATOR,
     vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,

@@ -142,7 +142,6 @@ PATCH = Patch(
     api="speculators HiddenStatesWorkerExtension._store_captured_states/_get_captured_states",
     side=Side.WORKER,
     kind=Kind.FEATURE,
-    priority=80,
     target=WORKER,
     vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,

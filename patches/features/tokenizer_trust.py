@@ -127,7 +127,6 @@ PATCH = Patch(
     api="speculators VllmHiddenStatesGenerator.__init__: AutoTokenizer.from_pretrained",
     side=Side.DRIVER,
     kind=Kind.FEATURE,
-    priority=13,
     target=GENERATOR,
     vllm=SINCE_TWO_PHASE,
     speculators=SPECULATORS_ALL,

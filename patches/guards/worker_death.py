@@ -153,9 +153,7 @@ PATCH = Patch(
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor (worker monitor, collective_rpc cancel)",
     side=Side.DRIVER,
     kind=Kind.GUARD,
-    # after v4 (it wraps the MultiprocExecutor name v4 wrapped) and after guard-input and report:
-    # its generate() wrapper is the outermost, seeing the error after guard-input's recovery
-    priority=97,
+    after=("v5", "guard-input", "report"),  # outermost: sees the error after guard-input's recovery
     target=GENERATOR,
     vllm=CANCELLING_RELEASES,
     speculators=SPECULATORS_ALL,

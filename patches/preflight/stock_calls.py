@@ -31,9 +31,6 @@ from speculators_compat.targets import GENERATOR
 from .._probes import params, required
 from .._ranges import SPECULATORS_ALL
 
-PRIORITY = 89  # after every patch that edits a call, before the guards
-
-
 def binds(params: dict[str, inspect.Parameter], names, positional: int = 0) -> str | None:
     """Why a call passing ``positional`` arguments and ``names`` as keywords does not bind to
     ``params`` (``None``: it binds)."""
@@ -142,7 +139,8 @@ PATCH = Patch(
     static_probe=static_probe,
     apply=apply,
     kind=Kind.GUARD,
-    priority=PRIORITY,
+    # binds the calls as these edit them; after every repair and feature
+    after=("v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v6", "driver-threads"),
     preflight=True,
     upstream="-",
     remove_when="never: this is the engine's own check",

@@ -67,7 +67,6 @@ PATCH = Patch(
     static_probe=static_probe,
     apply=apply,
     kind=Kind.GUARD,
-    priority=0,
     preflight=True,
     upstream="-",
     remove_when="never: add the release to the test matrix (tests/matrix.toml)",

@@ -172,7 +172,6 @@ PATCH = Patch(
     static_probe=static_probe,
     apply=apply,
     kind=Kind.PLATFORM,
-    priority=5,
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

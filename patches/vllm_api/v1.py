@@ -88,7 +88,6 @@ PATCH = Patch(
     api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",
     side=Side.DRIVER,
     kind=Kind.DELTA,
-    priority=10,
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

@@ -60,7 +60,6 @@ PATCH = Patch(
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
     side=Side.DRIVER,
     kind=Kind.DELTA,
-    priority=11,
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

@@ -148,7 +148,6 @@ PATCH = Patch(
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
     side=Side.WORKER,
     kind=Kind.DELTA,
-    priority=30,
     family="capture",
     target=WORKER,
     speculators=SPECULATORS_03,

@@ -94,7 +94,7 @@ PATCH = Patch(
     api="vllm.v1.request.Request(eos_token_id=) / vllm.sampling_params.SamplingParams.update_from_generation_config",
     side=Side.DRIVER,
     kind=Kind.DELTA,
-    priority=25,
+    after=("tokenizer-trust",),  # listing order only
     target=GENERATOR,
     speculators=SPECULATORS_ALL,
     probe=probe,
