@@ -1,4 +1,4 @@
-"""v1 -- engine configuration constructors.
+"""v1 -- vLLM 0.12 engine configuration calls: ``SchedulerConfig`` InitVars, ``get_kv_cache_config_from_groups``.
 
 Delta (vLLM 0.12.0):
   * ``SchedulerConfig``: ``max_model_len`` and ``is_encoder_decoder`` became ``InitVar``
@@ -82,7 +82,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v1",
-    title="engine configuration constructors",
+    title="vLLM 0.12's config calls: SchedulerConfig(is_encoder_decoder=), no kv_cache_specs",
     delta="SchedulerConfig(InitVar is_encoder_decoder required); "
     "get_kv_cache_config_from_groups(-kv_cache_specs)",
     api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",

@@ -56,7 +56,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v1-chunked-prefill",
-    title="chunked prefill off",
+    title="chunked prefill off (the stock loop aborts partly prefilled prompts)",
     delta="stock loop aborts requests after one step; chunked prefill splits prompts across steps",
     api="vllm.config.SchedulerConfig(enable_chunked_prefill=)",
     side=Side.DRIVER,

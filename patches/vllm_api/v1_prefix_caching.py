@@ -55,7 +55,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v1-prefix-caching",
-    title="prefix caching off",
+    title="prefix caching off (vLLM 0.12 turned it on; shared prefixes lose rows)",
     delta="CacheConfig.enable_prefix_caching default None -> True",
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
     side=Side.DRIVER,

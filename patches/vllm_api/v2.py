@@ -59,7 +59,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v2",
-    title="Scheduler block_size",
+    title="Scheduler gets the block_size vLLM 0.11.1 made required",
     delta="Scheduler(+block_size required)",
     api="vllm.v1.core.sched.scheduler.Scheduler",
     side=Side.DRIVER,

@@ -143,7 +143,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v3",
-    title="worker capture via decoder-layer hooks",
+    title="capture through decoder-layer hooks, vLLM's own forward unchanged",
     delta="base model get_input_embeddings -> embed_input_ids; base model path; decoder-layer arguments",
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
     side=Side.WORKER,

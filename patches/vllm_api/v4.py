@@ -88,7 +88,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v4",
-    title="collective_rpc unique reply",
+    title="collective_rpc's single reply (vLLM 0.11.1) put back in a list",
     delta="collective_rpc(unique_reply_rank=r): [reply] -> reply",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.collective_rpc",
     side=Side.DRIVER,

@@ -98,7 +98,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v5",
-    title="two-phase execution and finished requests",
+    title="sample_tokens after execute_model (vLLM 0.11.1); finished requests reach the workers",
     delta="execute_model() -> None + sample_tokens(); finished_req_ids never reach workers",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens",
     side=Side.DRIVER,

@@ -89,7 +89,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v6",
-    title="Request without eos_token_id",
+    title="the EOS id through SamplingParams: Request lost eos_token_id (vLLM 0.17)",
     delta="Request(eos_token_id=) removed -> SamplingParams carries the EOS id",
     api="vllm.v1.request.Request(eos_token_id=) / vllm.sampling_params.SamplingParams.update_from_generation_config",
     side=Side.DRIVER,

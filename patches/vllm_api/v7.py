@@ -112,7 +112,7 @@ def apply(module, patcher) -> None:
 
 PATCH = Patch(
     id="v7",
-    title="KV cache layout resolved as the engine core does",
+    title="KV cache layout resolved as the engine core does (vLLM 0.29)",
     delta="get_kv_cache_config_from_groups needs CacheConfig.kv_cache_layout, resolved by the engine core",
     api="vllm.config.CacheConfig.get_resolved_kv_cache_layout / "
     "vllm.v1.attention.backends.utils.resolve_kv_cache_layout",
