@@ -96,3 +96,13 @@ def test_the_imports_form_no_circle():
     for name in sorted(graph):
         if name not in state:
             visit(name)
+
+
+def test_setup_cfg_ships_every_package():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    listed = set(cfg["options"]["packages"].split())
+    packages = {name for name, path in _modules().items() if path.endswith("__init__.py")}
+    assert listed == packages
