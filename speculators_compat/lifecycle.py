@@ -3,8 +3,12 @@
 ``speculators-compat run`` catches Ctrl-C (SIGINT) and SIGTERM around the stock script; it
 then shuts down the executor of every generator still alive here (stopping its worker
 processes) before it logs its one line and exits 130 / 143. The ``report`` patch
-registers each generator at its first ``generate()`` (on every release; ``worker-death``, which
-did it before, covers vLLM 0.11.1-0.17.x only). Nothing here imports torch or vLLM.
+registers each generator at its first ``generate()``, on every release. Nothing here imports
+torch or vLLM.
+
+The first worker of an executor to die is recorded here too (:func:`watch_workers`, armed by the
+``worker-death`` patch when the executor starts), so that ``worker-death``'s error and
+``report``'s shutdown line can name it (:func:`dead_workers`).
 
 A generator still alive when the interpreter exits (a module-level one in a script or a
 notebook) is shut down by an ``atexit`` handler, while imports and logging still work. Left to
