@@ -61,7 +61,7 @@ def build(root: Path, names) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     out = {}
     for name in names:
@@ -109,7 +109,7 @@ def w_stats(worker):
 
 def w_hooks(worker, on: bool, layer_ids):
     """The capture hooks off (the steps alone) or on again, in the capturing worker."""
-    from speculators_compat.patches import v3_worker_capture
+    from speculators_compat.patches.vllm_api import v3 as v3_worker_capture
 
     ext = getattr(worker, "worker", None) or worker
     if on:
@@ -142,7 +142,7 @@ class Marks:
 
     def __init__(self):
         from speculators_compat import transport
-        from speculators_compat.patches import guard_output
+        from speculators_compat.patches.guards import guard_output
 
         self.reply = None
         self.guard_s = 0.0
@@ -200,7 +200,7 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
 
     import speculators_compat
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-    from speculators_compat.patches import pipelined_steps
+    from speculators_compat.patches.features import pipelined_steps
 
     t = time.time()
     if async_too:  # ``extract`` then runs the steps synchronously, ``extract_async`` as installed
@@ -420,7 +420,7 @@ def main(argv=None):
     if args.cmd == "build":
         print(json.dumps(build(Path(args.root), args.names)))
     elif args.cmd == "bench":
-        from speculators_compat.patches import pipelined_steps
+        from speculators_compat.patches.features import pipelined_steps
 
         _ORIG.update(execute_model=pipelined_steps.PipelinedExecutor.execute_model,
                      sample_tokens=pipelined_steps.PipelinedExecutor.sample_tokens)

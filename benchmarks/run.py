@@ -1,6 +1,6 @@
 """Benchmarks: what the shim costs. Ratios against baselines run in the same command.
 
-    python benchmarks/run.py [--repeats 5] [--out benchmarks/results/latest.json] [--startup-only]
+    python benchmarks/run.py [--repeats 5] [--out docs/results/benchmark-latest.json] [--startup-only]
 
 (or ``tox -e bench``). Builds a random-weight Llama big enough that the forward dominates on
 a CPU (hidden 512, 8 layers), then, alternating A/B runs and reporting medians:
@@ -74,7 +74,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sequences", type=int, default=32)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "latest.json"))
+    ap.add_argument("--out", default=str(Path(__file__).parent.parent / "docs" / "results" / "benchmark-latest.json"))
     ap.add_argument("--startup-only", action="store_true", help="only the import and check times")
     args = ap.parse_args()
     if args.startup_only:
@@ -87,7 +87,7 @@ def main() -> int:
         print(json.dumps(out["import"], indent=2))
         return 0
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     tiny.cpu_environment()
     os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", "float32")
@@ -106,7 +106,7 @@ def main() -> int:
     layers = [2, 4, 5, 7]
 
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-    from speculators_compat.patches import guard_input, guard_output
+    from speculators_compat.patches.guards import guard_input, guard_output
 
     gen = VllmHiddenStatesGenerator(path, layer_ids=layers, max_model_len=1024)
     gen.generate(prompts[:2])  # warm-up

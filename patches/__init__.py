@@ -1,49 +1,25 @@
-"""The patch modules: one per vLLM API delta, stock-code fix, platform fix, guard or feature.
+"""The patch set: one module per vLLM API delta, stock-code fix, platform fix, guard or feature.
 
-Every module in this package that defines ``PATCH`` (a :class:`~speculators_compat.registry.Patch`)
-is registered -- adding a delta is adding one file. Within one target module patches apply in
-the order of their declared ``priority`` (then id): later patches wrap earlier ones, so the
-guards (high priorities) see the patched generator. Each module's docstring gives the delta,
-how it is detected, and when it can be removed. Importing this package imports neither torch
-nor vLLM. Shared helpers live in ``_common``; patch modules never import each other.
+Every module of the groups below that defines ``PATCH`` (a :class:`~speculators_compat.registry.Patch`)
+is registered (:mod:`speculators_compat.discovery`); its file name is its id, with ``_`` for
+``-``, and its docstring gives the delta, how it is detected, and when it can be removed. Within
+one target module, a patch applies after the patches its ``after=`` names, and so wraps them (the
+guards wrap the repaired generator; ``stock-calls`` binds the calls as the repairs edited them);
+patches that ``after=`` does not order apply in the order of their groups here, then of their ids.
+A patch imports another patch's module only when it applies after it.
+
+The private modules hold what several patches use: ``_probes`` (helpers for probes), ``_ranges``
+(the version ranges) and ``_idle_output`` (the scheduler output that ``v5``, ``s04-scheduler-loop``
+and ``guard-input`` share). Importing this package imports neither torch nor vLLM.
 """
 
-from __future__ import annotations
-
-import importlib
-import pkgutil
-
-from ._common import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
-
-
-def discover() -> list:
-    """Import every public module of this package and return its ``PATCH``es, in order."""
-    found = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        patch = getattr(module, "PATCH", None)
-        if patch is not None:
-            found.append(patch)
-    found.sort(key=lambda p: (p.priority, p.id))
-    ids = [p.id for p in found]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise ImportError(f"speculators_compat.patches: duplicate patch ids {duplicates}")
-    return found
-
-
-REGISTRY = discover()
-
-#: where a refused patch stops its target before any heavy work: (class, method)
-ENTRY_POINTS = {
-    GENERATOR: ("VllmHiddenStatesGenerator", "__init__"),
-    WORKER: ("HiddenStatesWorkerExtension", "_setup_hidden_states_capture"),
-}
-
-#: targets imported while ``import speculators`` runs, with no entry point to stop: a refused
-#: patch there fails that import with the refusal (instead of the foreign traceback that follows)
-REFUSE_AT_IMPORT = frozenset({SPECULATORS_UTILS, SPECULATORS_CONFIG})
-
-__all__ = ["REGISTRY", "ENTRY_POINTS", "REFUSE_AT_IMPORT", "GENERATOR", "WORKER", "discover"]
+#: the groups, in the order ties are broken (see above)
+GROUPS = (
+    "preflight",  # refusals before the executor starts: validated release, API shapes, stock calls
+    "transformers5",  # what `import speculators` 0.3.0 needs on transformers v5
+    "vllm_api",  # vLLM changes the stock 0.3.x generator and worker trip on (v1 .. v7 and defaults)
+    "speculators04",  # bugs of speculators 0.4.x's own generator loop
+    "cpu_platform",  # vLLM's CPU platform: device memory without a GPU, CPU kernels
+    "features",  # options and improvements the stock code does not have
+    "guards",  # input and output checks, a dead worker named, atomic writes
+)

@@ -1,21 +1,23 @@
 """``python -m speculators_compat.demo``: the stock generator on a tiny local model.
 
 Builds a random-weight Llama and a tokenizer in a temporary folder (no hub), runs the
-*stock* ``VllmHiddenStatesGenerator`` with speculators_compat active, prints the shapes
-and the largest difference from HF transformers in fp32, and exits non-zero if it exceeds
-1e-4.
+*stock* ``VllmHiddenStatesGenerator`` with speculators_compat active, and prints the patches
+that applied in the driver and in the vLLM workers, the shapes, and the largest difference
+from HF transformers in fp32; exits non-zero if it exceeds 1e-4. vLLM's warnings are shown,
+its INFO lines (and the library's) only with ``-v``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import sys
 import tempfile
 import time
 
-from . import tiny
+from .testing import tiny
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,11 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (CPU: 1 or 2)")
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--model", help="use this model folder instead of building a tiny one")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show vLLM's and the library's INFO lines")
     args = ap.parse_args(argv)
 
     tiny.cpu_environment(args.tp)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    level = logging.INFO if args.verbose else logging.WARNING
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", logging.getLevelName(level))  # the workers inherit it
+    logging.basicConfig(level=level, format="%(name)s: %(message)s")
     import speculators_compat
+    from speculators_compat import versions
 
     with tempfile.TemporaryDirectory(prefix="speculators-compat-demo-") as tmp:
         path = args.model or str(tiny.build_llama(tmp))
@@ -46,9 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.time()
         results = gen.generate(batch)
         took = time.time() - t1
+        workers = gen.executor.collective_rpc(lambda self: __import__("speculators_compat").applied_ids())
         worst = 0.0
-        print(f"\npatches applied in the driver: {', '.join(speculators_compat.applied_ids())}")
-        print(f"generator start {started:.1f} s, generate() {took:.2f} s for {sum(map(len, batch))} tokens")
+        print(f"\nspeculators_compat demo: {versions.vllm()}, {versions.speculators()}, TP={args.tp}, "
+              f"{'the model in ' + path if args.model else 'a tiny random-weight Llama'} in float32")
+        print(_patches("driver", "the driver", speculators_compat.applied_ids()))
+        print(_patches("worker", f"the {len(workers)} vLLM worker(s)", [p for ids in workers for p in ids]))
+        print(f"\ngenerator start {started:.1f} s, generate() {took:.2f} s for {sum(map(len, batch))} tokens")
         for i, (ids, res) in enumerate(zip(batch, results)):
             ref = tiny.hf_reference(path, ids, layers)
             diff = max((a.float() - b).abs().max().item() for a, b in zip(res["hidden_states"], ref))
@@ -58,6 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"max abs diff against HF transformers fp32: {worst:.2e} ({'OK' if worst <= 1e-4 else 'TOO LARGE'})")
         del gen  # its __del__ shuts the executor down and says so
     return 0 if worst <= 1e-4 else 1
+
+
+def _patches(side: str, where: str, applied: list[str]) -> str:
+    """The patches of ``side`` that applied in ``where``, in the order they apply, with their titles."""
+    from speculators_compat import hooks
+
+    titles = {p.id: p.title for p in hooks.patches() if p.side.value == side}
+    ids = [pid for pid in titles if pid in set(applied)]
+    lines = [f"patches applied in {where} ({len(ids)}):"]
+    lines += [f"  {pid:<22} {titles[pid]}" for pid in ids]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

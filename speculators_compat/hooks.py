@@ -6,6 +6,10 @@ may come before or after speculators and vLLM. Applying is idempotent (a patch a
 once is never applied again) and reversible (``revert()``). Nothing here imports torch or
 vLLM: the patches import what they need when their target is imported.
 
+The patches come from the registry passed to ``install()``: by default the patch set this
+distribution ships (``PATCH_SET``, found by :mod:`speculators_compat.discovery`); where a
+refusal stops a target is the engine's own policy (:mod:`speculators_compat.targets`).
+
 Registration is deferred: until the package that holds every target (``speculators``) is
 imported, ``install()`` only puts a small finder on ``sys.meta_path`` that never finds
 anything; on the first import of ``speculators`` it loads the registry and wrapt and
@@ -21,6 +25,7 @@ from __future__ import annotations
 import sys
 import threading
 
+from . import targets
 from ._log import logger
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing alone costs ~4 ms
@@ -29,11 +34,13 @@ if TYPE_CHECKING:  # the registry (dataclasses, enum) loads with the hooks, not 
 
     from .registry import Decision, Patch, Patcher
 
-__all__ = ["install", "apply", "revert", "reset", "status", "applied_ids", "patches", "TRIGGER"]
+__all__ = ["install", "apply", "revert", "reset", "status", "applied_ids", "patches", "TRIGGER", "PATCH_SET"]
 
 #: the package every patch target lives in (checked by the unit tests): the hooks are
 #: registered when it is first imported
 TRIGGER = "speculators"
+#: the patch set this distribution ships (``patches/``): the default registry, by name
+PATCH_SET = "speculators_compat.patches"
 
 
 class _State:
@@ -47,16 +54,28 @@ class _State:
         self.refusals: dict[str, Patcher] = {}  # target -> the entry-point refusal wrapper
         self.decisions: dict[str, Decision] = {}
         self.suppressed: set[str] = set()  # ids reverted one by one
+        self.source: str | list = PATCH_SET  # the registry: a patch set's name, or the patches
+        self.registry: list | None = None  # the patches of ``source``, in order, once loaded
 
 
 _state = _State()
 
 
 def patches() -> list[Patch]:
-    """The registered patches, in the order they apply (discovered in ``speculators_compat.patches``)."""
-    from .patches import REGISTRY
+    """The registered patches, in the order they apply (the registry given to ``install()``)."""
+    with _state.lock:
+        source, registry = _state.source, _state.registry
+    if registry is None:  # discovered outside the lock: it imports the patch modules
+        if isinstance(source, str):
+            from .discovery import discover
 
-    return REGISTRY
+            registry = discover(source)
+        else:
+            registry = source
+        with _state.lock:
+            if _state.source is source:
+                _state.registry = registry
+    return registry
 
 
 def _targets() -> list[str]:
@@ -80,13 +99,17 @@ class _DeferredHooks:
 _deferred = _DeferredHooks()
 
 
-def install() -> None:
+def install(registry: str | list[Patch] | None = None) -> None:
     """Register the post-import hooks (once per target module and process).
 
-    If ``speculators`` is not imported yet, this only arms the deferred finder (no wrapt,
-    no registry import); otherwise the hooks are registered at once.
+    ``registry``: the patches to apply -- the name of a patch-set package (discovered when first
+    needed; ``PATCH_SET`` unless another was given before) or a list of patches, in the order
+    they apply. If ``speculators`` is not imported yet, this only arms the deferred finder (no
+    wrapt, no registry import); otherwise the hooks are registered at once.
     """
     with _state.lock:
+        if registry is not None:
+            _state.source, _state.registry = registry, None
         _state.active = True
         if TRIGGER in sys.modules or _state.hooked:
             _register_hooks()
@@ -112,7 +135,6 @@ def _on_import(module: ModuleType) -> None:
 
 def apply_module(module: ModuleType) -> list[Decision]:
     """Evaluate and apply every patch that targets ``module``; idempotent."""
-    from .patches import ENTRY_POINTS, REFUSE_AT_IMPORT
     from .registry import Cause, Decision, Patcher, Status, context, evaluate, refusal
 
     name = module.__name__
@@ -154,9 +176,9 @@ def apply_module(module: ModuleType) -> list[Decision]:
         out.append(decision)
     refused = [d for d in out if d.status is Status.REFUSED]
     with _state.lock:
-        if refused and name not in _state.refusals and name in ENTRY_POINTS:
-            _state.refusals[name] = _install_refusal(module, ENTRY_POINTS[name], refused)
-    if refused and name in REFUSE_AT_IMPORT:
+        if refused and name not in _state.refusals and name in targets.ENTRY_POINTS:
+            _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], refused)
+    if refused and name in targets.REFUSE_AT_IMPORT:
         # an import-time target (speculators.utils on transformers v5): without the patch the
         # import itself fails further on with a foreign traceback; fail it here, saying why
         from .errors import IncompatibleVllmError

@@ -26,6 +26,8 @@ import re
 import threading
 from pathlib import Path
 
+from . import atomic
+
 __all__ = ["RECORD", "Recorder", "clean", "mapped", "descendants", "unlink_untracked", "ANY"]
 
 RECORD = ".speculators-compat-shm"
@@ -110,10 +112,7 @@ class Recorder:
         found = mapped([me, *descendants(me)])
         if found - self.names:
             self.names |= found
-            from .resume import atomic_path
-
-            with atomic_path(self.path) as tmp:
-                Path(tmp).write_text(json.dumps(sorted(self.names)), encoding="utf-8")
+            atomic.write_text(self.path, json.dumps(sorted(self.names)))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -3,8 +3,12 @@
 ``speculators-compat run`` catches Ctrl-C (SIGINT) and SIGTERM around the stock script; it
 then shuts down the executor of every generator still alive here (stopping its worker
 processes) before it logs its one line and exits 130 / 143. The ``report`` patch
-registers each generator at its first ``generate()`` (on every release; ``worker-death``, which
-did it before, covers vLLM 0.11.1-0.17.x only). Nothing here imports torch or vLLM.
+registers each generator at its first ``generate()``, on every release. Nothing here imports
+torch or vLLM.
+
+The first worker of an executor to die is recorded here too (:func:`watch_workers`, armed by the
+``worker-death`` patch when the executor starts), so that ``worker-death``'s error and
+``report``'s shutdown line can name it (:func:`dead_workers`).
 
 A generator still alive when the interpreter exits (a module-level one in a script or a
 notebook) is shut down by an ``atexit`` handler, while imports and logging still work. Left to
@@ -21,7 +25,7 @@ import weakref
 
 from . import leftovers
 
-__all__ = ["track", "live", "shutdown_all"]
+__all__ = ["track", "live", "shutdown_all", "watch_workers", "dead_workers", "real_executor"]
 
 _live: "weakref.WeakSet" = weakref.WeakSet()
 _lock = threading.Lock()
@@ -72,3 +76,77 @@ def shutdown_all() -> list[str]:
             done.append(f"executor shut down, {len(procs)} worker process(es) stopped"
                         + (f", their shared memory {', '.join(removed)} removed" if removed else ""))
     return done
+
+
+# -- the first vLLM worker to die: recorded by worker-death, named by worker-death and report ----
+
+#: real executor -> the worker handles whose processes exited first (in the order seen)
+_FIRST_EXITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_exits_lock = threading.Lock()
+
+
+def real_executor(executor):
+    """The executor behind any wrapper proxies (``v4`` wraps the generator's executor)."""
+    while hasattr(executor, "__wrapped__"):
+        executor = executor.__wrapped__
+    return executor
+
+
+def watch_workers(executor) -> None:
+    """Record the first worker(s) of ``executor`` to exit, from a daemon thread: before vLLM's
+    worker monitor stops the others, after which every worker is dead and the culprit can no
+    longer be told apart."""
+    real = real_executor(executor)
+    workers = list(getattr(real, "workers", None) or ())
+    if not workers:
+        return
+    with _exits_lock:
+        _FIRST_EXITS[real] = []
+
+    def wait() -> None:
+        import multiprocessing.connection
+
+        by_sentinel = {w.proc.sentinel: w for w in workers}
+        try:
+            ready = multiprocessing.connection.wait(list(by_sentinel))
+        except OSError:  # the sentinels were closed: the executor is gone
+            return
+        with _exits_lock:
+            exits = _FIRST_EXITS.get(real)
+            if exits is not None and not exits:
+                exits.extend(by_sentinel[s] for s in ready)
+
+    threading.Thread(target=wait, daemon=True, name="speculators-compat-worker-watch").start()
+
+
+def _how(code) -> str:
+    import signal
+
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        extra = " (if nobody sent it, the kernel's OOM killer may have: see dmesg)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{extra}"
+    return f"exited with code {code}"
+
+
+def dead_workers(executor) -> str | None:
+    """Which worker died, if the executor failed because one did; else ``None``."""
+    real = real_executor(executor)
+    workers = list(getattr(real, "workers", None) or ())
+    if not getattr(real, "is_failed", False) or not workers:
+        return None
+    with _exits_lock:
+        first = list(_FIRST_EXITS.get(real) or ())
+    dead = first or [w for w in workers if w.proc.exitcode is not None]
+    if not dead:
+        return "a vLLM worker process died"
+    parts = []
+    for w in dead:
+        w.proc.join(timeout=1)  # reaped by now; join only settles exitcode
+        parts.append(f"vLLM worker {w.proc.name} (pid {w.proc.pid}, rank {w.rank} of {len(workers)}) {_how(w.proc.exitcode)}")
+    return "; ".join(parts)

@@ -180,8 +180,8 @@ class Patch:
     vllm: str = ""
     #: variants of one repair share a family; outside its range a variant is superseded
     family: str = ""
-    #: order of application within one target (low first; later patches wrap earlier ones)
-    priority: int = 50
+    #: ids of the patches of the same target this one applies after (and so wraps)
+    after: tuple[str, ...] = ()
     upstream: str = ""
     remove_when: str = ""
     #: the API named in a refusal
@@ -198,6 +198,7 @@ class Patch:
     def __post_init__(self) -> None:
         if not self.family:
             object.__setattr__(self, "family", self.id)
+        object.__setattr__(self, "after", tuple(self.after))
         object.__setattr__(self, "side", Side(self.side))
         object.__setattr__(self, "kind", Kind(self.kind))
 

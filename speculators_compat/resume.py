@@ -1,4 +1,4 @@
-"""Crash-safe output folders for speculators' offline data-generation script (issue #11).
+"""Crash-safe output folders for speculators' offline data-generation script.
 
 The stock ``scripts/data_generation_offline.py`` (speculators 0.3.0 and 0.4.x) writes one
 ``data_<i>.pt`` per sample with ``torch.save`` straight to the final path, on a pool of 4
@@ -18,10 +18,10 @@ below the highest index that a resume never fills.
   starts exactly there, and logs one line saying what was kept and what was set aside where;
 * the shared-memory segments a run killed outright left in /dev/shm are removed
   (:mod:`speculators_compat.leftovers` records them while a run is alive);
-* :func:`protect` registers the folder so that the ``atomic-save`` patch turns every
-  ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes`` into it into a write to a
-  temporary file in the same folder, flushed and fsynced, then renamed over the final name
-  (:func:`atomic_path`): a file under its final name is always complete.
+* the folder is registered with :func:`speculators_compat.atomic.protect`, so that the
+  ``atomic-save`` patch turns every ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes``
+  into it into a write to a temporary file in the same folder, fsynced, then renamed over the
+  final name: a file under its final name is always complete.
 
 Files are never deleted: what is set aside goes to ``<output-dir>.set-aside/<UTC time>-<pid>/``
 next to the output folder (not inside it: speculators' trainer loads every ``*pt`` file
@@ -35,14 +35,12 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
-import tempfile
-import threading
 import time
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import atomic, leftovers
 
 __all__ = [
     "StockScript",
@@ -51,19 +49,12 @@ __all__ = [
     "recognise",
     "scan",
     "prepare",
-    "protect",
-    "protected",
-    "atomic_path",
     "stock_index",
 ]
 
 CONFIG = "data_config.json"
 SAMPLE_LENGTHS = "sample_lengths.json"  # written by the speculators 0.4 script
 SET_ASIDE_SUFFIX = ".set-aside"
-#: the temporary files of :func:`atomic_path`: ``.<final name>.<random>.tmp``
-TEMP_PREFIX = "."
-TEMP_SUFFIX = ".tmp"
-_TEMP_RE = re.compile(r"^\.(?P<final>.+)\.[^.]+\.tmp$")
 
 #: the functions of the stock script whose behaviour this module relies on
 BEYOND = "beyond the first missing or unreadable index"
@@ -231,7 +222,7 @@ def scan(folder: str | os.PathLike, workers: int = 8) -> Plan:
     names = sorted(os.listdir(folder))
     samples: dict[int, str] = {}
     for name in names:
-        if _TEMP_RE.match(name):
+        if atomic.is_temporary(name):
             plan.set_aside[name] = "temporary file of an interrupted write"
             continue
         index = stock_index(name)
@@ -369,7 +360,7 @@ def summarize(set_aside: dict[str, str], limit: int = 12) -> str:
     beyond = sorted(
         i for n, why in set_aside.items() if why.startswith(BEYOND) and (i := stock_index(n)) is not None
     )
-    temps = [n for n in set_aside if _TEMP_RE.match(n)]
+    temps = [n for n in set_aside if atomic.is_temporary(n)]
     skip = set(temps) | {f"data_{i}.pt" for i in beyond}
 
     def order(name: str) -> tuple[int, str]:
@@ -420,16 +411,13 @@ def rebuild_lengths(folder: Path, kept: int) -> int:
     for key in stale:
         del current[key]
     ordered = {str(i): current[str(i)] for i in range(kept)}
-    with atomic_path(path) as tmp:
-        Path(tmp).write_text(json.dumps(ordered, indent=2), encoding="utf-8")
+    atomic.write_text(path, json.dumps(ordered, indent=2))
     return len(missing)
 
 
 def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Plan:
     """Lock ``folder``, set aside what the stock resume would get wrong, log one line, and
     register the folder for atomic writes. Returns the plan that was carried out."""
-    from . import leftovers
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock(folder)
@@ -445,7 +433,7 @@ def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Pla
         line += f"; removed {len(removed)} shared-memory segment(s) a killed run left in /dev/shm"
     level = 30 if plan.set_aside or removed else 20  # WARNING when something was cleaned up
     _log().log(level, "%s", line)
-    protect(folder)
+    atomic.protect(folder)
     _recorders.append(leftovers.Recorder(folder).start())
     return plan
 
@@ -458,72 +446,6 @@ def finish() -> None:
     record is removed; only a run killed outright leaves one for the next run to clean)."""
     while _recorders:
         _recorders.pop().stop()
-
-
-# -- atomic writes ---------------------------------------------------------------------------
-
-_protected: set[str] = set()
-_umask: list[int] = []
-_guard = threading.Lock()
-
-
-def protect(folder: str | os.PathLike) -> None:
-    """Make every ``torch.save``/``Path.write_text``/``Path.write_bytes`` into ``folder``
-    atomic (through the ``atomic-save`` patch)."""
-    with _guard:
-        if not _umask:  # os.umask can only be read by setting it: once, here, not in the save threads
-            current = os.umask(0o022)
-            os.umask(current)
-            _umask.append(current)
-        _protected.add(os.path.realpath(folder))
-
-
-def unprotect(folder: str | os.PathLike | None = None) -> None:
-    with _guard:
-        if folder is None:
-            _protected.clear()
-        else:
-            _protected.discard(os.path.realpath(folder))
-
-
-def protected(target) -> Path | None:
-    """The final path if ``target`` (a ``str`` or path-like) names a file directly inside a
-    protected folder, and is not itself a temporary file; else ``None``."""
-    if not _protected or not isinstance(target, (str, os.PathLike)):
-        return None
-    try:
-        path = Path(os.fspath(target))
-    except TypeError:
-        return None
-    if _TEMP_RE.match(path.name):
-        return None
-    if os.path.realpath(path.parent) not in _protected:
-        return None
-    return path
-
-
-@contextmanager
-def atomic_path(final: Path):
-    """Yield a temporary path next to ``final``; once the body has written it, it is fsynced,
-    given the permissions a plain ``open()`` would have, and renamed over ``final``. On an
-    error the temporary file is removed and ``final`` is untouched."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{final.name}.", suffix=TEMP_SUFFIX, dir=final.parent)
-    os.close(fd)
-    try:
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o666 & ~(_umask[0] if _umask else 0o022))
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _log():

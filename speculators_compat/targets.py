@@ -1,6 +1,23 @@
-"""The stock speculators modules the library patches (shared by the engine and the patches)."""
+"""The stock speculators modules the library patches, and where a refusal stops them.
+
+Shared by the engine and the patches; the engine's policy for refused patches lives here."""
 
 GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
 WORKER = "speculators.data_generation.custom_worker"
+#: imported by ``speculators/__init__.py`` before it rebuilds its pydantic schemas and
+#: auto-imports ``speculators.models``
+SPECULATORS_CONFIG = "speculators.config"
+#: imported by ``speculators.config`` before it defines its pydantic config classes
+SPECULATORS_UTILS = "speculators.utils"
 
-__all__ = ["GENERATOR", "WORKER"]
+#: where a refused patch stops its target before any heavy work: (class, method)
+ENTRY_POINTS = {
+    GENERATOR: ("VllmHiddenStatesGenerator", "__init__"),
+    WORKER: ("HiddenStatesWorkerExtension", "_setup_hidden_states_capture"),
+}
+
+#: targets imported while ``import speculators`` runs, with no entry point to stop: a refused
+#: patch there fails that import with the refusal (instead of the foreign traceback that follows)
+REFUSE_AT_IMPORT = frozenset({SPECULATORS_UTILS, SPECULATORS_CONFIG})
+
+__all__ = ["GENERATOR", "WORKER", "SPECULATORS_CONFIG", "SPECULATORS_UTILS", "ENTRY_POINTS", "REFUSE_AT_IMPORT"]

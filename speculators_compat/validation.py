@@ -2,8 +2,9 @@
 
 ``validated.json`` holds one entry per validation run of the matrix (one vLLM release, one
 speculators release, one platform): which patches applied, on which models and tensor-parallel
-sizes, when. It is *evidence*, not code: ``python tests/matrix.py record DIR`` merges the runs a
-matrix session wrote (``SPECULATORS_COMPAT_RECORD=DIR``, every end-to-end test passed) into it.
+sizes, when. It is *evidence*, not code: the test matrix writes it (``python tests/matrix.py record DIR``
+merges the runs a matrix session wrote with ``SPECULATORS_COMPAT_RECORD=DIR`` when every
+end-to-end test passed).
 
 The engine asks one question of it: was this patch validated on the installed release? The
 record that *covers* an installed vLLM is the newest recorded release of the same line
@@ -17,13 +18,12 @@ is present but that never applied in the covering record was not validated there
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["Record", "VALIDATED_FILE", "covering", "records", "load", "write_run", "merge", "line"]
+__all__ = ["Record", "VALIDATED_FILE", "SCHEMA", "covering", "records", "load", "line", "validated_lines"]
 
 VALIDATED_FILE = os.path.join(os.path.dirname(__file__), "validated.json")
 SCHEMA = 1
@@ -88,58 +88,3 @@ def validated_lines(speculators_version, data: dict | None = None) -> list[str]:
     from packaging.version import Version
 
     return sorted(records(line(speculators_version), data), key=Version)
-
-
-# -- writing (the test matrix) ---------------------------------------------------------------
-
-
-def write_run(folder: str, run: dict) -> str:
-    """Write one validation run (a dict with ``vllm``, ``speculators``, ``platform``, ``applied``,
-    ``models``, ``tp``, ``env`` ...) into ``folder``; returns the file's path."""
-    os.makedirs(folder, exist_ok=True)
-    run = {"date": datetime.date.today().isoformat(), **run}
-    run["applied"] = sorted(set(run["applied"]))
-    name = f"{run.get('env') or 'run'}-{run['vllm']}-{run['speculators']}-{run['platform']}.json"
-    path = os.path.join(folder, name)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(run, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _key(run: dict) -> tuple:
-    return (run["vllm"], run["speculators"], run["platform"], run.get("transformers_line", ""))
-
-
-#: a release counts as validated only where its rows matched HF on this many model shapes
-MIN_MODELS = 2
-
-
-def merge(run_files: list[str], path: str = VALIDATED_FILE) -> list[dict]:
-    """Merge validation runs into the table file; a run replaces an earlier one of the same
-    (vLLM, speculators, platform, transformers line). A run that compared fewer than
-    ``MIN_MODELS`` model shapes is not merged (ValueError). Returns the merged runs."""
-    from packaging.version import Version
-
-    data = load.__wrapped__(path)
-    by_key = {_key(r): r for r in data.get("runs", [])}
-    merged = []
-    for name in run_files:
-        with open(name, encoding="utf-8") as fh:
-            run = json.load(fh)
-        if len(run.get("models") or []) < MIN_MODELS:
-            raise ValueError(f"{name}: compared {run.get('models')} only; a validation run needs "
-                             f"{MIN_MODELS} model shapes or more")
-        by_key[_key(run)] = run
-        merged.append(run)
-    runs = sorted(by_key.values(), key=lambda r: (Version(r["vllm"]), Version(r["speculators"]), r["platform"],
-                                                   r.get("transformers_line", "")))
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"schema": SCHEMA, "runs": runs}, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
-    load.cache_clear()
-    return merged

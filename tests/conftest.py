@@ -21,12 +21,12 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import matrix
 
-    from speculators_compat import validation, versions
+    from speculators_compat import versions
 
     env = matrix.current()
     transformers = versions.installed("transformers")
     torch = versions.installed("torch")
-    path = validation.write_run(folder, {
+    path = matrix.write_run(folder, {
         "env": env.name if env else "",
         "vllm": str(versions.vllm().base),
         "vllm_version": str(versions.vllm().version),
@@ -46,14 +46,15 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture
 def fake_registry(monkeypatch, tmp_path):
     """Point the engine at a throw-away registry and target module (unit tests only)."""
-    import speculators_compat.patches as patches
+    from speculators_compat import targets
 
     hooks.reset()
     state = {}
-    monkeypatch.setattr(patches, "REGISTRY", state.setdefault("registry", []))
-    monkeypatch.setattr(patches, "ENTRY_POINTS", state.setdefault("entry", {}))
+    hooks.install(state.setdefault("registry", []))
+    monkeypatch.setattr(targets, "ENTRY_POINTS", state.setdefault("entry", {}))
     monkeypatch.syspath_prepend(str(tmp_path))
     state["dir"] = tmp_path
     yield state
     hooks.reset()
     hooks.revert()
+    hooks.install(hooks.PATCH_SET)

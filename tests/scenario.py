@@ -44,7 +44,7 @@ KEPT: list = []  # --exit-shutdown: the generator, alive until the interpreter e
 
 
 def compare(path, batch, results):
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     worst = 0.0
     if len(results) != len(batch):
@@ -89,7 +89,7 @@ def main() -> int:
     else:
         LAYERS[:] = sorted({0, min(2, num_layers - 1), max(num_layers - 3, 1), num_layers - 1})
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     tiny.cpu_environment(args.tp)
     import speculators_compat  # noqa: F401  (only here: workers must get it via the plugin)

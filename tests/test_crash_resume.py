@@ -68,7 +68,7 @@ BUSY = {"SPECULATORS_DATAGEN_REPEAT": "50"}
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny Llama (with a chat template, for the real script) and a dataset of N_SAMPLES."""
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     root = tmp_path_factory.mktemp("crash")
     model = tiny.build_llama(root / "model")
@@ -274,7 +274,7 @@ def clean(setup):
     """A run nobody kills: the reference dataset, itself compared with HF fp32 on a few samples."""
     import torch
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     out = setup["root"] / "clean"
     run = Run(command(setup, out), environment(), setup["root"], setup["root"] / "clean.log")
@@ -397,9 +397,9 @@ def _worker_death_range() -> bool:
     from packaging.specifiers import SpecifierSet
 
     from speculators_compat import versions
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
-    patch = next(p for p in REGISTRY if p.id == "worker-death")
+    patch = next(p for p in hooks.patches() if p.id == "worker-death")
     return SpecifierSet(patch.vllm).contains(versions.vllm().base, prereleases=True)
 
 

@@ -76,7 +76,7 @@ BUILD_KWARGS = {"kimi_k25": {"q_lora_rank": None}} if RELEASE < Version("0.16") 
 
 @pytest.fixture(scope="session")
 def build(tmp_path_factory):
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     built = {}
 
@@ -278,10 +278,10 @@ def test_stock_generator_fails_without_the_shim(model, tmp_path):
         return
     # 0.11.1/0.11.2: with nothing patched the CPU build fails first in torch.cuda.mem_get_info
     # (no GPU, not a vLLM delta); with only that stand-in, on the Scheduler's new block_size
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
     assert "NVIDIA driver" in failed["start"]
-    others = ",".join(p.id for p in REGISTRY if p.id != "cpu-mem-get-info")
+    others = ",".join(p.id for p in hooks.patches() if p.id != "cpu-mem-get-info")
     report = scenario(model, tmp_path, disable=others, steps=["start"])
     assert "block_size" in failures(report)["start"]
 
@@ -308,7 +308,7 @@ def test_qwen3_on_cpu_needs_the_rms_norm_patch(build, tmp_path):
 def test_cpu_rms_norm_kernel_ignores_row_strides():
     """What the patch works around, measured on the kernel itself: a strided view gives other
     rows than the same values made contiguous (0.0 once vLLM fixes its CPU kernel)."""
-    from speculators_compat.patches.cpu_rms_norm_strided import kernel_error
+    from speculators_compat.patches.cpu_platform.cpu_rms_norm_strided import kernel_error
 
     assert kernel_error() > 0.1
 
@@ -329,7 +329,7 @@ def test_deepseek_v3_on_cpu_needs_the_moe_activation_patch(build, tmp_path):
 def test_deepseek_v3_on_cpu_needs_the_moe_silu_patch(tmp_path):
     # vLLM 0.20-0.24's CPU fused MoE builds SiluAndMul(...) at every forward on its PyTorch path:
     # experts of 40 (not a multiple of 32) take that path on every CPU, AMX or not
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     path = str(tiny.build_deepseek_v3(tmp_path / "moe40", moe_intermediate_size=40))
     (tmp_path / "off").mkdir()
@@ -359,7 +359,7 @@ def test_ipex_grouped_topk_routes_unlike_vllm():
     """What the patch works around, measured on the MoE alone: IPEX's grouped top-k routing of a
     layer with a correction bias gives another output than vLLM's select_experts (0.0 once IPEX
     routes as vLLM and HF do)."""
-    from speculators_compat.patches.cpu_ipex_moe_routing import routing_error
+    from speculators_compat.patches.cpu_platform.cpu_ipex_moe_routing import routing_error
 
     assert routing_error() > 1e-3
 
@@ -475,7 +475,7 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 
 
 def test_every_patch_is_shown_necessary():
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
     # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
     # runner-v1: the CPU builds never pick Model Runner V2 (test_model_runner_v2_asked_for_is_refused);
@@ -498,7 +498,7 @@ def test_every_patch_is_shown_necessary():
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
         "driver-threads", "runner-v1", "worker-death", "atomic-save", "tokenizer-trust",
         "cpu-kimi-k25-device", "cpu-moe-silu-instance", "results-in-place", "pipelined-steps"} | set(NEEDED_WHERE)
-    assert {p.id for p in REGISTRY} <= shown
+    assert {p.id for p in hooks.patches()} <= shown
 
 
 @pytest.fixture(scope="module")
@@ -530,14 +530,14 @@ def run_check(tmp_path, deep: bool) -> tuple[int, dict]:
 def test_check_reports_what_applies(check_of, mode):
     """The fast check (sources only) and the deep one (runtime probes) must both list exactly
     the patches the validation record says applied on this release, and know every API."""
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
     rc, rep = check_of(mode == "deep")
     assert rep["mode"] == mode
     assert rep["vllm"]["cpu_build"] is True
     assert rep["vllm"]["version"].startswith(str(RELEASE))
     assert {p["id"] for p in rep["patches"] if p["side"] == "worker"} == {
-        p.id for p in REGISTRY if p.side.value == "worker"}
+        p.id for p in hooks.patches() if p.side.value == "worker"}
     status = {p["id"]: p["status"] for p in rep["patches"]}
     if ENV is not None and ENV.suite == "check":  # no validation run here: the ceiling refuses
         assert rc == 1 and rep["covered"] is False and rep["validation"] is None
@@ -571,7 +571,7 @@ def test_kimi_k25_base_model_path_matches_the_real_vllm_classes():
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
     from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
 
-    from speculators_compat.patches.v3_worker_capture import find_base_model
+    from speculators_compat.patches.vllm_api.v3 import find_base_model
 
     init = inspect.getsource(KimiK25ForConditionalGeneration.__init__)
     kimi = KimiK25ForConditionalGeneration.__new__(KimiK25ForConditionalGeneration)
@@ -602,7 +602,7 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
 
     import torch
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     rng = random.Random(7)
     lengths = [1, 5, 40, 120, 300, 2100] + [rng.randint(2, 200) for _ in range(14)]
@@ -683,9 +683,8 @@ import os, sys
 # speculators` work at all (transformers v5)
 import speculators_compat
 from speculators_compat import hooks
-from speculators_compat.patches import REGISTRY
 import importlib
-targets = {p.target for p in REGISTRY}
+targets = {p.target for p in hooks.patches()}
 mods = {t: importlib.import_module(t) for t in sorted(targets)}
 import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
@@ -721,9 +720,10 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env["SPECULATORS_COMPAT_DTYPE"] = "float32"
-    from speculators_compat.patches import REFUSE_AT_IMPORT, REGISTRY
+    from speculators_compat import hooks
+    from speculators_compat.targets import REFUSE_AT_IMPORT
 
-    env["SPECULATORS_COMPAT_DISABLE"] = ",".join(p.id for p in REGISTRY if p.target not in REFUSE_AT_IMPORT)
+    env["SPECULATORS_COMPAT_DISABLE"] = ",".join(p.id for p in hooks.patches() if p.target not in REFUSE_AT_IMPORT)
     proc = subprocess.run([sys.executable, "-c", CONTRACT], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

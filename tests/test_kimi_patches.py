@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from speculators_compat.patches import cpu_kimi_k25_device, tokenizer_trust
+from speculators_compat.patches.cpu_platform import cpu_kimi_k25_device
+from speculators_compat.patches.features import tokenizer_trust
 from speculators_compat.registry import Patcher, Shape
 
 # the two calls as speculators 0.3.0 and 0.4.0.1 write them in VllmHiddenStatesGenerator.__init__

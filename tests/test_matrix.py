@@ -1,8 +1,11 @@
-"""The matrix table drives tox.ini, the requirement files, the workflow and the README table."""
+"""The matrix table drives tox.ini, the requirement files, the workflow and the table of docs/matrix.md."""
 
 from __future__ import annotations
 
+import pytest
+
 import matrix
+from speculators_compat import validation
 
 
 def test_generated_files_are_up_to_date():
@@ -10,13 +13,13 @@ def test_generated_files_are_up_to_date():
 
 
 def test_every_environment_is_well_formed():
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     data, envs = matrix.load()
     names = [e.name for e in envs]
     assert len(names) == len(set(names))
     for env in envs:
-        # each model name is a tiny checkpoint: speculators_compat.tiny.build_<name>
+        # each model name is a tiny checkpoint: speculators_compat.testing.tiny.build_<name>
         assert env.models and all(hasattr(tiny, f"build_{m}") for m in env.models), env.name
         assert env.torch in data["torch"], env.name
     ci = [e for e in envs if e.ci]
@@ -33,3 +36,44 @@ def test_the_ci_label_is_what_ci_runs():
         assert ("labels = matrix, ci" in section) == env.ci, env.name
     with open(matrix.os.path.join(matrix.ROOT, ".ci", "run"), encoding="utf-8") as fh:
         assert "tox -m ci" in fh.read()
+
+
+def test_merge_replaces_a_run_of_the_same_key(tmp_path):
+    table = tmp_path / "validated.json"
+    shapes = ["llama", "qwen3"]
+    first = matrix.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
+                                                        "platform": "cpu", "applied": ["x"], "models": shapes})
+    matrix.merge([first], str(table))
+    again = matrix.write_run(str(tmp_path / "b"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
+                                                        "platform": "cpu", "applied": ["y", "x"], "models": shapes})
+    matrix.merge([again], str(table))
+    runs = validation.load.__wrapped__(str(table))["runs"]
+    assert [r["applied"] for r in runs] == [["x", "y"]]
+
+
+def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
+    table = tmp_path / "validated.json"
+    one = matrix.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.19.0", "speculators": "0.4.0.1",
+                                                      "platform": "cpu", "applied": ["x"], "models": ["llama"]})
+    with pytest.raises(ValueError, match="needs 2 model shapes"):
+        matrix.merge([one], str(table))
+    assert not table.exists()
+
+
+def test_the_workflow_is_one_job_template_over_every_environment():
+    with open(matrix.WORKFLOW, encoding="utf-8") as fh:
+        workflow = fh.read()
+    _, envs = matrix.load()
+    rows = [line.strip() for line in workflow.splitlines() if line.strip().startswith("- {env: ")]
+    assert [row.split(",")[0].removeprefix("- {env: ") for row in rows] == ["unit", *(e.name for e in envs)]
+    for env in envs:  # each environment's cache is keyed by the files that pin what it installs
+        assert f"pins: tests/requirements/{env.name}.txt, overrides: tests/requirements/overrides-torch-{env.torch}.txt" in workflow
+    assert "key: uv-${{ matrix.env }}-${{ hashFiles(matrix.pins, matrix.overrides) }}" in workflow
+    assert workflow.count("runs-on:") == 2  # the template, and the weekly check of the newest releases
+
+
+def test_check_guards_every_generated_file():
+    data, envs = matrix.load()
+    requirements = {e.requirements for e in envs}
+    requirements |= {matrix.os.path.join(matrix.REQUIREMENTS, f"overrides-torch-{t}.txt") for t in data["torch"]}
+    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC} | requirements

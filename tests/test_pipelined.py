@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("wrapt")
 
-from speculators_compat.patches import pipelined_steps  # noqa: E402
+from speculators_compat.patches.features import pipelined_steps  # noqa: E402
 
 
 class Output:

@@ -27,7 +27,8 @@ from speculators_compat import _env, versions  # noqa: E402
 SCRIPT = r"""
 import multiprocessing, sys, time
 import speculators_compat
-from speculators_compat import tiny, validation
+from speculators_compat import validation
+from speculators_compat.testing import tiny
 if sys.argv[2] == "hide-record":  # a release nobody validated: no record covers it
     validation.load.cache_clear()
     validation.load = lambda path=validation.VALIDATED_FILE: {"schema": 1, "runs": []}

@@ -8,6 +8,7 @@ machinery only, never whether a patch works (the end-to-end tests do that on rea
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import subprocess
@@ -22,6 +23,7 @@ import speculators_compat
 from speculators_compat import _env, hooks, validation, versions
 from speculators_compat.errors import IncompatibleVllmError
 from speculators_compat.registry import Cause, Context, Edit, Kind, Patch, Probe, Side, Status, evaluate
+from speculators_compat.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,32 +107,10 @@ def test_a_record_unites_its_platforms_and_names_them():
     assert rec.applied == {"p1", "v2", "offload"} and rec.platforms == ["cpu", "cuda"]
 
 
-def test_merge_replaces_a_run_of_the_same_key(tmp_path):
-    table = tmp_path / "validated.json"
-    shapes = ["llama", "qwen3"]
-    first = validation.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
-                                                        "platform": "cpu", "applied": ["x"], "models": shapes})
-    validation.merge([first], str(table))
-    again = validation.write_run(str(tmp_path / "b"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
-                                                        "platform": "cpu", "applied": ["y", "x"], "models": shapes})
-    validation.merge([again], str(table))
-    runs = validation.load.__wrapped__(str(table))["runs"]
-    assert [r["applied"] for r in runs] == [["x", "y"]]
-
-
-def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
-    table = tmp_path / "validated.json"
-    one = validation.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.19.0", "speculators": "0.4.0.1",
-                                                      "platform": "cpu", "applied": ["x"], "models": ["llama"]})
-    with pytest.raises(ValueError, match="needs 2 model shapes"):
-        validation.merge([one], str(table))
-    assert not table.exists()
-
-
 # -- decisions -----------------------------------------------------------------------------------
 
 
-def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", kind=Kind.DELTA, priority=50):
+def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", kind=Kind.DELTA):
     calls = {"apply": 0}
 
     def probe(module):
@@ -142,7 +122,7 @@ def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", k
 
     p = Patch(
         id=pid, title=pid, delta="old -> new", side=Side.DRIVER, target=target, vllm=vllm,
-        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind, priority=priority,
+        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind,
     )
     return p, calls
 
@@ -355,15 +335,12 @@ def test_import_is_light(tmp_path):
 
 
 def test_every_target_is_inside_the_trigger_package():
-    from speculators_compat.patches import REGISTRY
-
-    assert all(p.target.startswith(hooks.TRIGGER + ".") for p in REGISTRY)
+    assert all(p.target.startswith(hooks.TRIGGER + ".") for p in hooks.patches())
 
 
 def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path):
     # A stand-in ``speculators`` package (not installed in this env) with the generator module
     # at its real path: the hooks must register when it is imported, not before.
-    from speculators_compat.patches import GENERATOR
 
     parts = GENERATOR.split(".")
     folder = tmp_path.joinpath(*parts[:-1])
@@ -391,45 +368,126 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
 # -- discovery, documentation --------------------------------------------------------------------
 
 
-def test_patches_are_discovered_and_ordered_by_priority():
-    import speculators_compat.patches as patches
-    from speculators_compat.patches import REGISTRY
+#: the order the patches of each target apply in (it was the integer priorities' order until
+#: pipelined-steps, whose proxy must sit inside v5's, moved v5 -- and stock-calls, which binds the
+#: calls as every repair edited them -- after the CPU and option patches, which wrap other names;
+#: a new patch takes its place here)
+APPLY_ORDER = {
+    GENERATOR: [
+        "validated-release", "api-inventory", "v1", "v1-prefix-caching", "v1-chunked-prefill",
+        "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
+        "dtype", "cpu-block-size", "driver-threads", "pipelined-steps", "v5", "stock-calls", "s04-scheduler-loop",
+        "s04-result-order", "results-in-place", "guard-output", "guard-input", "atomic-save", "report",
+        "worker-death",
+    ],
+    WORKER: [
+        "v3", "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing",
+        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport",
+    ],
+    SPECULATORS_UTILS: [
+        "tf5-config-torch",
+    ],
+    SPECULATORS_CONFIG: [
+        "tf5-attn-mask-utils",
+    ],
+}
 
-    assert REGISTRY == patches.discover()
-    assert [p.priority for p in REGISTRY] == sorted(p.priority for p in REGISTRY)
-    assert len({p.id for p in REGISTRY}) == len(REGISTRY)
-    by_id = {p.id: p for p in REGISTRY}
-    # later patches wrap earlier ones: the guards see the patched generator, the preflight
-    # checks see what the repairs changed
-    assert by_id["v5"].priority < by_id["stock-calls"].priority < by_id["guard-output"].priority
-    assert by_id["validated-release"].priority == min(p.priority for p in REGISTRY)
+
+def test_the_declared_order_keeps_the_order_the_patches_applied_in():
+    registry = hooks.patches()
+    for target, ids in APPLY_ORDER.items():
+        assert [p.id for p in registry if p.target == target] == ids, target
+    assert sorted(p.id for p in registry) == sorted(i for ids in APPLY_ORDER.values() for i in ids)
+
+
+def test_later_patches_wrap_earlier_ones():
+    position = {p.id: i for i, p in enumerate(hooks.patches())}
+    # the guards see the repaired generator; stock-calls binds the calls as the repairs edited them
+    assert position["v5"] < position["stock-calls"] < position["guard-output"] < position["guard-input"]
+    assert position["validated-release"] == 0
     # worker-death wraps the MultiprocExecutor name v4 wrapped, and its generate() wrapper is the
     # outermost: it sees the error after guard-input's recovery and report's line
-    assert max(by_id[p].priority for p in ("v4", "guard-input", "guard-output", "report")) < by_id["worker-death"].priority
+    assert max(position[p] for p in ("v4", "guard-input", "guard-output", "report")) < position["worker-death"]
+    for patch in hooks.patches():
+        assert all(position[other] < position[patch.id] for other in patch.after), patch.id
 
 
-def test_patch_modules_do_not_import_each_other():
-    folder = os.path.join(ROOT, "patches")
-    names = {f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_")}
+def test_order_follows_after_then_the_tie_break():
+    from speculators_compat.discovery import order
+
+    def p(pid, after=(), target="t"):
+        return Patch(id=pid, title=pid, delta="d", side=Side.DRIVER, target=target, speculators=">=0.3",
+                     probe=lambda m: Probe.new(""), apply=lambda m, q: None, after=after)
+
+    assert [x.id for x in order([p("c"), p("a", after=("c",)), p("b")])] == ["b", "c", "a"]
+    assert [x.id for x in order([p("b"), p("a")], key=lambda x: {"a": 1, "b": 0}[x.id])] == ["b", "a"]
+    for bad, why in [([p("a"), p("a")], "duplicate patch id 'a'"),
+                     ([p("a", after=("z",))], "after='z' names no patch"),
+                     ([p("a"), p("b", after=("a",), target="u")], "a patch of another target"),
+                     ([p("a", after=("b",)), p("b", after=("a",))], "cycle")]:
+        with pytest.raises(ImportError, match=why):
+            order(bad)
+
+
+def test_every_patch_lives_in_a_group_of_its_kind_under_its_id():
+    groups = {"preflight": {Kind.GUARD}, "transformers5": {Kind.PLATFORM}, "vllm_api": {Kind.DELTA, Kind.FIX},
+              "speculators04": {Kind.FIX}, "cpu_platform": {Kind.PLATFORM}, "features": {Kind.FEATURE},
+              "guards": {Kind.GUARD}}
+    import speculators_compat.patches as patches
+
+    assert tuple(groups) == patches.GROUPS
+    for name, module in _patch_modules().items():
+        group, *_, leaf = name.removeprefix("speculators_compat.patches.").split(".")
+        assert leaf == module.PATCH.id.replace("-", "_"), name
+        assert module.PATCH.kind in groups[group], (name, module.PATCH.kind)
+
+
+def _patch_modules() -> dict:
+    """``{dotted module name: module}`` of every module of the patch set that defines ``PATCH``."""
+    import pkgutil
+
+    import speculators_compat.patches as patches
+
+    out = {}
+    for info in pkgutil.walk_packages(patches.__path__, prefix=patches.__name__ + "."):
+        module = importlib.import_module(info.name)
+        if hasattr(module, "PATCH"):
+            out[info.name] = module
+    return out
+
+
+def test_a_patch_imports_only_patches_that_apply_before_it_on_its_target():
+    """Patch modules import each other only along the order they apply in (the later one uses
+    the earlier one's runtime): never a patch of another target, never one applied after it. A
+    patch's own helper modules (``shm_transport.transport``) are not patches."""
     import ast
 
-    for name in names:
-        with open(os.path.join(folder, f"{name}.py"), encoding="utf-8") as fh:
+    import pkgutil
+
+    import speculators_compat.patches as patches
+
+    every = {info.name for info in pkgutil.walk_packages(patches.__path__, prefix=patches.__name__ + ".")}
+    modules = _patch_modules()
+    registry = hooks.patches()
+    position = {name: registry.index(module.PATCH) for name, module in modules.items()}
+    for name, module in modules.items():
+        package = name if module.__file__.endswith("__init__.py") else name.rsplit(".", 1)[0]
+        with open(module.__file__, encoding="utf-8") as fh:
             tree = ast.parse(fh.read())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                module = node.module or ""
-                sibling = module if node.level == 1 else module.removeprefix("speculators_compat.patches.")
-                imported = {sibling} | ({a.name for a in node.names} if node.level == 1 and not module else set())
-                assert not (imported & (names - {name})), (name, module, [a.name for a in node.names])
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                    else node.module
+                imported = {f"{base}.{a.name}" if f"{base}.{a.name}" in every else base for a in node.names}
+                for other in imported & (set(modules) - {name}):
+                    assert modules[other].PATCH.target == module.PATCH.target, (name, other)
+                    assert position[other] < position[name], (name, other)
 
 
 def test_every_registered_patch_is_documented():
-    import speculators_compat.patches as patches
-    from speculators_compat.patches import REGISTRY
-
-    for p in REGISTRY:
-        module = next(m for m in vars(patches).values() if getattr(m, "PATCH", None) is p)
+    modules = _patch_modules().values()
+    for p in hooks.patches():
+        module = next(m for m in modules if getattr(m, "PATCH", None) is p)
         doc = module.__doc__ or ""
         assert p.id in doc.splitlines()[0], p.id
         for part in ("How", "Detection", "Remove"):
@@ -441,7 +499,8 @@ def test_every_registered_patch_is_documented():
 def test_the_checkout_root_works_without_installing(tmp_path):
     """From the root of a source checkout, ``speculators_compat.patches`` is the sibling
     ``patches/`` folder (installed, it is the subpackage)."""
-    code = "import speculators_compat.patches as p, sys; print(p.__file__, len(p.REGISTRY))"
+    code = ("import speculators_compat.patches as p, sys; from speculators_compat import hooks; "
+            "print(p.__file__, len(hooks.patches()))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
     path, count = out.stdout.split()
@@ -478,14 +537,14 @@ def sig(*names, optional=(), kwonly=(), varkw=False):
     ],
 )
 def test_binds(params, positional, keywords, why):
-    from speculators_compat.patches._common import binds
+    from speculators_compat.patches.preflight.stock_calls import binds
 
     assert binds(params, keywords, positional) == why
 
 
 def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.stock_calls import _judge
+    from speculators_compat.patches.preflight.stock_calls import _judge
     from speculators_compat.registry import Decision
 
     calls = [Call("Scheduler", "m", 0, ("vllm_config", "kv"), 10), Call("Request", "m", 0, ("rid", "eos"), 20),
@@ -537,7 +596,7 @@ def test_stock_calls_are_read_from_the_generator_source(tmp_path):
 
 
 def test_v1_judges_each_half():
-    from speculators_compat.patches.v1_engine_config import _judge
+    from speculators_compat.patches.vllm_api.v1 import _judge
 
     new_sched = sig("max_num_seqs", "max_model_len", "is_encoder_decoder")
     old_sched = sig(optional=("max_num_seqs", "max_model_len"))
@@ -555,7 +614,7 @@ def test_v1_judges_each_half():
     ],
 )
 def test_v2_judges_the_scheduler(params, shape):
-    from speculators_compat.patches.v2_scheduler_request import _judge
+    from speculators_compat.patches.vllm_api.v2 import _judge
 
     assert _judge(params).shape.value == shape
 
@@ -566,27 +625,28 @@ def test_v2_judges_the_scheduler(params, shape):
      ("v1_chunked_prefill", True, "new"), ("v1_chunked_prefill", None, "old")],
 )
 def test_the_default_probes(module, default, shape):
-    judge = importlib.import_module(f"speculators_compat.patches.{module}")._judge
+    judge = importlib.import_module(f"speculators_compat.patches.vllm_api.{module}")._judge
     field = "enable_prefix_caching" if "prefix" in module else "enable_chunked_prefill"
     assert judge({field: P(field, default)}).shape.value == shape
     assert judge({}).shape.value == "unknown"
 
 
 def test_v4_v5_dtype_judgements():
-    from speculators_compat.patches import dtype_option, v4_collective_rpc_reply, v5_two_phase_execution
+    from speculators_compat.patches.features import dtype
+    from speculators_compat.patches.vllm_api import v4, v5
 
     rpc = sig("method", optional=("unique_reply_rank",))
-    assert v4_collective_rpc_reply._judge(rpc, "Returns single result if unique_reply_rank is\n provided").shape.value == "new"
-    assert v4_collective_rpc_reply._judge(rpc, "Returns a list").shape.value == "old"
-    assert v4_collective_rpc_reply._judge(sig("method"), "").shape.value == "unknown"
-    assert v5_two_phase_execution._judge(True).shape.value == "new"
-    assert v5_two_phase_execution._judge(False).shape.value == "old"
-    assert dtype_option._judge(sig(optional=("dtype",))).shape.value == "new"
-    assert dtype_option._judge(sig("model")).shape.value == "unknown"
+    assert v4._judge(rpc, "Returns single result if unique_reply_rank is\n provided").shape.value == "new"
+    assert v4._judge(rpc, "Returns a list").shape.value == "old"
+    assert v4._judge(sig("method"), "").shape.value == "unknown"
+    assert v5._judge(True).shape.value == "new"
+    assert v5._judge(False).shape.value == "old"
+    assert dtype._judge(sig(optional=("dtype",))).shape.value == "new"
+    assert dtype._judge(sig("model")).shape.value == "unknown"
 
 
 def test_cpu_ipex_moe_routing_judges_the_moe_path():
-    from speculators_compat.patches.cpu_ipex_moe_routing import CALL, SELECT, _judge
+    from speculators_compat.patches.cpu_platform.cpu_ipex_moe_routing import CALL, SELECT, _judge
 
     build = "layer.cpu_fused_moe = cpu_fused_moe.IPEXFusedMOE(layer)"
     call = "return layer.ipex_fusion(x, use_grouped_topk, top_k, router_logits, renormalize, custom_routing_function)"
@@ -603,7 +663,7 @@ def test_cpu_ipex_moe_routing_judges_the_moe_path():
 
 @pytest.mark.parametrize("n", [1, 2, 10, 11, 12, 42, 120])
 def test_s04_result_order_inverts_the_string_sort_of_request_ids(n):
-    from speculators_compat.patches.s04_result_order import input_order
+    from speculators_compat.patches.speculators04.s04_result_order import input_order
 
     ids = [f"req_7_{i}" for i in range(n)]
     stock_order = [int(rid.rsplit("_", 1)[1]) for rid in sorted(ids)]  # what speculators 0.4 returns
@@ -625,9 +685,7 @@ def test_check_json_follows_the_documented_schema(tmp_path):
     assert set(rep) == {"schema", "mode", "python", "torch", "transformers", "vllm", "speculators", "validation",
                         "covered", "patches", "apis"}
     assert rep["schema"] == 3 and rep["mode"] == "static"
-    from speculators_compat.patches import REGISTRY
-
-    assert [p["id"] for p in rep["patches"]] == [p.id for p in REGISTRY]
+    assert [p["id"] for p in rep["patches"]] == [p.id for p in hooks.patches()]
     for p in rep["patches"]:
         assert set(p) == {"id", "title", "side", "kind", "family", "delta", "target", "vllm_range", "speculators",
                           "status", "cause", "reason"}
@@ -643,12 +701,10 @@ def test_check_json_follows_the_documented_schema(tmp_path):
 
 
 def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path):
-    from speculators_compat.patches import REGISTRY
-
     out = subprocess.run(
         [sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True, cwd=tmp_path
     ).stdout.splitlines()
-    for patch in REGISTRY:
+    for patch in hooks.patches():
         row = next(i for i, line in enumerate(out) if line.split()[:1] == [patch.id])
         assert out[row].split()[1] in {"applies", "not", "refused", "disabled"}, out[row]
         assert out[row + 1].split(None, 1) == ["delta", patch.delta], out[row + 1]
@@ -657,8 +713,7 @@ def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.stock_calls import _runtime_signature
-    from speculators_compat.targets import GENERATOR, WORKER
+    from speculators_compat.patches.preflight.stock_calls import _runtime_signature
 
     generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
     generator.Scheduler = lambda vllm_config, block_size: None
@@ -671,11 +726,11 @@ def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them
 def test_a_refusal_at_an_import_time_target_fails_that_import(fake_registry, at_versions, monkeypatch):
     """speculators.utils/.config have no entry point to stop: a refused patch there fails the
     import with the refusal (not with the foreign traceback that would follow)."""
-    import speculators_compat.patches as patches
+    from speculators_compat import targets
     from speculators_compat.errors import IncompatibleVllmError
 
     write_target(fake_registry["dir"], "fake_target6")
-    monkeypatch.setattr(patches, "REFUSE_AT_IMPORT", frozenset({"fake_target6"}))
+    monkeypatch.setattr(targets, "REFUSE_AT_IMPORT", frozenset({"fake_target6"}))
     patch = Patch(id="p6", title="t", delta="d", side=Side.DRIVER, target="fake_target6", speculators=">=0.3,<0.4",
                   probe=lambda m: Probe.unknown("a shape nobody has seen"), apply=lambda m, p: None, api="fake.g")
     fake_registry["registry"].append(patch)
@@ -720,7 +775,7 @@ def test_patcher_set_item_replaces_an_entry_and_undo_restores_it():
 def test_cpu_moe_silu_probe_reads_the_silu_entry_of_the_table(entry, shape):
     import ast
 
-    from speculators_compat.patches import cpu_moe_silu_instance as patch
+    from speculators_compat.patches.cpu_platform import cpu_moe_silu_instance as patch
 
     key = "MoEActivation.SILU" if "compile_native" in (entry or "") else '"silu"'
     source = "x = 1\n" if entry is None else (
@@ -732,7 +787,7 @@ def test_cpu_moe_silu_probe_reads_the_silu_entry_of_the_table(entry, shape):
 
 def test_tf5_attn_mask_stand_in_exists_only_while_speculators_populates(monkeypatch):
     from speculators_compat.errors import CompatError
-    from speculators_compat.patches import tf5_attn_mask_utils as patch
+    from speculators_compat.patches.transformers5 import tf5_attn_mask_utils as patch
 
     monkeypatch.setattr(patch, "_module_exists", lambda: False)
     monkeypatch.delitem(sys.modules, patch.REMOVED, raising=False)

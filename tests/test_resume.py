@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from speculators_compat import resume
+from speculators_compat import atomic, resume
 
 HERE = Path(__file__).parent
 
@@ -101,10 +101,10 @@ def test_prepare_moves_files_aside_with_a_manifest_and_logs_one_line(tmp_path, c
         assert manifest[1].startswith("data_7.pt\t")  # highest first: an interrupted repair is redone
         lines = [r.getMessage() for r in caplog.records if r.name == "speculators_compat.run"]
         assert len(lines) == 1 and str(dest) in lines[0] and "resuming at data_3.pt" in lines[0]
-        assert plan.resume_at == 3 and resume.protected(out / "data_3.pt") == out / "data_3.pt"
+        assert plan.resume_at == 3 and atomic.protected(out / "data_3.pt") == out / "data_3.pt"
     finally:
         resume.finish()
-        resume.unprotect()
+        atomic.unprotect()
 
 
 def test_a_new_folder_is_created_locked_and_protected(tmp_path, caplog):
@@ -124,7 +124,7 @@ def test_a_new_folder_is_created_locked_and_protected(tmp_path, caplog):
         assert proc.stdout.startswith("refused:") and "in use by another run" in proc.stdout, proc.stderr
     finally:
         resume.finish()
-        resume.unprotect()
+        atomic.unprotect()
     assert not (out / ".speculators-compat-shm").exists()
 
 
@@ -132,13 +132,13 @@ def test_atomic_path_renames_complete_files_only(tmp_path):
     final = tmp_path / "data_0.pt"
     final.write_bytes(b"old")
     with pytest.raises(RuntimeError):
-        with resume.atomic_path(final) as tmp:
+        with atomic.atomic_path(final) as tmp:
             Path(tmp).write_bytes(b"half")
             raise RuntimeError("killed")
     assert final.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["data_0.pt"]
-    resume.protect(tmp_path)
+    atomic.protect(tmp_path)
     try:
-        with resume.atomic_path(final) as tmp:
+        with atomic.atomic_path(final) as tmp:
             assert Path(tmp).parent == tmp_path and Path(tmp).name.startswith(".data_0.pt.")
             Path(tmp).write_bytes(b"new")
         assert final.read_bytes() == b"new"
@@ -146,28 +146,28 @@ def test_atomic_path_renames_complete_files_only(tmp_path):
         os.umask(umask)
         assert stat.S_IMODE(final.stat().st_mode) == 0o666 & ~umask
     finally:
-        resume.unprotect()
+        atomic.unprotect()
 
 
 def test_only_direct_children_of_a_protected_folder_are_protected(tmp_path):
-    resume.protect(tmp_path / "out")
+    atomic.protect(tmp_path / "out")
     try:
-        assert resume.protected(str(tmp_path / "out" / "data_1.pt")) == tmp_path / "out" / "data_1.pt"
-        assert resume.protected(tmp_path / "out" / "sub" / "data_1.pt") is None
-        assert resume.protected(tmp_path / "other" / "data_1.pt") is None
-        assert resume.protected(tmp_path / "out" / ".data_1.pt.ab12.tmp") is None
-        assert resume.protected(object()) is None
+        assert atomic.protected(str(tmp_path / "out" / "data_1.pt")) == tmp_path / "out" / "data_1.pt"
+        assert atomic.protected(tmp_path / "out" / "sub" / "data_1.pt") is None
+        assert atomic.protected(tmp_path / "other" / "data_1.pt") is None
+        assert atomic.protected(tmp_path / "out" / ".data_1.pt.ab12.tmp") is None
+        assert atomic.protected(object()) is None
     finally:
-        resume.unprotect()
-    assert resume.protected(tmp_path / "out" / "data_1.pt") is None
+        atomic.unprotect()
+    assert atomic.protected(tmp_path / "out" / "data_1.pt") is None
 
 
 def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):
-    from speculators_compat.patches.atomic_save import _path_write
+    from speculators_compat.patches.guards.atomic_save import _path_write
 
     out = tmp_path / "out"
     out.mkdir()
-    resume.protect(out)
+    atomic.protect(out)
     try:
         seen = []
 
@@ -181,7 +181,7 @@ def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):
         _path_write(wrapped, other, ("x",), {})
         assert seen == ["x"]  # outside the folder: the original call
     finally:
-        resume.unprotect()
+        atomic.unprotect()
     assert sorted(p.name for p in out.iterdir()) == ["data_config.json"]
 
 

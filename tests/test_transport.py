@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from speculators_compat import transport  # noqa: E402
-from speculators_compat.patches import driver_threads, shm_transport  # noqa: E402
+from speculators_compat.patches.features import driver_threads, shm_transport  # noqa: E402
 
 
 @pytest.fixture
@@ -228,6 +228,6 @@ def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
 
 
 def test_the_stock_generate_still_slices_as_the_patch_expects():
-    from speculators_compat.patches import results_in_place
+    from speculators_compat.patches.features import results_in_place
 
     assert results_in_place.STOCK == STOCK_SLICE

@@ -2,11 +2,11 @@
 
 Each builder writes a transformers checkpoint in bf16 (the dtype the GPU runs use, so vLLM's
 ``dtype="auto"`` and the fp32 HF reference start from the same weights) plus a locally
-trained tokenizer (``speculators_compat.tiny.build_tokenizer``).
+trained tokenizer (``speculators_compat.testing.tiny.build_tokenizer``).
 
 * ``llama``  -- a small Llama (GQA, head_dim 64: FLASH_ATTN on Hopper).
 * ``dsv3``   -- DeepSeek-V3 with the MLA dims Hopper's MLA kernels accept (kv_lora_rank 512 +
-  qk_rope_head_dim 64 = 576; see gpu/README.md), 1 dense + 3 MoE layers, 8 routed experts top-2
+  qk_rope_head_dim 64 = 576; see tests/gpu/device/README.md), 1 dense + 3 MoE layers, 8 routed experts top-2
   + 1 shared, ``noaux_tc`` sigmoid routing with a correction bias.
 * ``kimi``   -- the same architecture shaped like Kimi-K2-Thinking / Kimi-K2.5's text model
   (``n_group`` 1, ``topk_group`` 1, routed scaling 2.827) whose ROUTED experts are INT4 like
@@ -61,7 +61,7 @@ def _small() -> bool:
 def _save(model, path: Path, vocab_size: int) -> None:
     import torch
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     model.to(torch.bfloat16).save_pretrained(str(path), safe_serialization=True)
     tiny.build_tokenizer(path, vocab_size=min(vocab_size, 384))
@@ -149,7 +149,7 @@ def build_kimi(path: Path) -> dict:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, apply_quantization_config
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     model = _dsv3_model(kimi=True).to(torch.bfloat16)
     qcfg = kimi_quantization_config()
@@ -197,7 +197,7 @@ def build_perf(path: Path) -> None:
     if _small():
         dims = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=4096)
-    else:  # the 1.2B model of gpu/capture_cost.py
+    else:  # the 1.2B model of tests/gpu/device/capture_cost.py
         dims = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
                     num_key_value_heads=8, vocab_size=32000)
     config = LlamaConfig(max_position_embeddings=32768, bos_token_id=1, eos_token_id=2,
@@ -207,7 +207,7 @@ def build_perf(path: Path) -> None:
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(path), safe_serialization=True)
-    from speculators_compat import tiny
+    from speculators_compat.testing import tiny
 
     tiny.build_tokenizer(path, vocab_size=384)
     del model

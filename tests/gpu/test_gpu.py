@@ -122,7 +122,7 @@ def backend_lines(name: str) -> list[str]:
 @pytest.fixture(scope="session")
 def prepared():
     """The models and HF references (a no-op when call 1's ``prepare`` built them). With
-    ``G016_PREPARE_PYTHONPATH`` (``TF5_RUNS=1 bash gpu/run.sh``: vLLM on the image's transformers
+    ``G016_PREPARE_PYTHONPATH`` (``TF5_RUNS=1 bash tests/gpu/device/run.sh``: vLLM on the image's transformers
     5.x) it runs in a subprocess on that path, i.e. on the carried transformers 4.57, as in call 1."""
     path = os.environ.get("G016_PREPARE_PYTHONPATH")
     if not path:
@@ -246,7 +246,7 @@ def test_offload_pinned_async_on_cuda():
     with the async copy and with a blocking ``.to('cpu')``."""
     import torch
 
-    from speculators_compat.patches import offload_captured as oc
+    from speculators_compat.patches.features import offload_captured as oc
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -356,7 +356,7 @@ def test_offload_memory_and_throughput(prepared):
     out = common.ROOT / "work" / "perf.json"
     out.unlink(missing_ok=True)
     args = ["--out", str(out)]
-    if os.environ.get("G016_COMPILED") != "1":  # compiled ~= eager for this model (gpu/README.md); saves ~1 min
+    if os.environ.get("G016_COMPILED") != "1":  # compiled ~= eager for this model (tests/gpu/device/README.md); saves ~1 min
         args.append("--no-compiled")
     if CPU:
         args += ["--rounds", "2", "--prompts", "8", "--len", "256", "--long-prompts", "4", "--long-len", "500",

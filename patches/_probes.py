@@ -1,0 +1,122 @@
+"""Helpers for writing probes: where the stock code's vLLM names live, signatures read at runtime
+or from the installed sources, and the probes of a patch that wraps generator methods."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from speculators_compat.registry import Probe
+from speculators_compat.targets import GENERATOR, WORKER
+
+#: where vLLM defines names the stock code does not import itself (the others are found through
+#: the stock generator's and worker's own ``from vllm... import`` lines)
+ELSEWHERE = {
+    "LlamaModel": "vllm.model_executor.models.llama",
+    "RotaryEmbedding": "vllm.model_executor.layers.rotary_embedding.base",
+}
+#: where speculators 0.3.0 imports them from (used when the speculators sources cannot be read)
+STOCK_IMPORTS = {
+    "CacheConfig": "vllm.config",
+    "ModelConfig": "vllm.config",
+    "SchedulerConfig": "vllm.config",
+    "get_kv_cache_config_from_groups": "vllm.v1.core.kv_cache_utils",
+    "Scheduler": "vllm.v1.core.sched.scheduler",
+    "MultiprocExecutor": "vllm.v1.executor.multiproc_executor",
+    "Request": "vllm.v1.request",
+}
+
+
+def params(obj: Any) -> dict[str, inspect.Parameter]:
+    """The parameters of a callable (a class: its constructor), following wrappers."""
+    return dict(inspect.signature(obj).parameters)
+
+
+def vllm_module(view, name: str) -> str:
+    """The vLLM module a name is read from: where the installed stock code imports it."""
+    if name in ELSEWHERE:
+        return ELSEWHERE[name]
+    for target in (GENERATOR, WORKER):
+        for module, imported in view.speculators.imports(target, "vllm"):
+            if imported == name:
+                return module
+    return STOCK_IMPORTS[name]
+
+
+def static_params(view, name: str, method: str | None = None) -> dict[str, inspect.Parameter]:
+    """The parameters of the vLLM ``name`` (or its ``method``) read from the installed sources;
+    raises ``LookupError`` (an unknown shape) if they cannot be read."""
+    module = vllm_module(view, name)
+    what = f"{module}.{name}" + (f".{method}" if method else "")
+    return view.require(view.vllm.params(module, name, method), what)
+
+
+def required(param: inspect.Parameter) -> bool:
+    return param.default is inspect.Parameter.empty and param.kind not in (
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    )
+
+
+def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> Probe:
+    """The probe of a guard or option: the generator class has the methods it wraps."""
+    missing = [m for m in methods if m not in found]
+    if missing:
+        return Probe.unknown(f"VllmHiddenStatesGenerator has no {', '.join(missing)}")
+    return Probe.new(f"{what} around VllmHiddenStatesGenerator.{'/'.join(methods)}")
+
+
+def generator_patch(what: str, wrappers: dict[str, Any]):
+    """``(probe, static_probe, apply)`` of a guard or option that wraps methods of the
+    generator class: ``wrappers`` maps each method name to its wrapper, so what the probes
+    require is exactly what ``apply`` wraps."""
+    methods = tuple(wrappers)
+
+    def probe(module) -> Probe:
+        return generator_methods(what, methods, set(vars(module.VllmHiddenStatesGenerator)))
+
+    def static_probe(view) -> Probe:
+        return generator_methods(what, methods, generator_members(view))
+
+    def apply(module, patcher) -> None:
+        for method, wrapper in wrappers.items():
+            patcher.wrap(module.VllmHiddenStatesGenerator, method, wrapper)
+
+    return probe, static_probe, apply
+
+
+def generate_probes(judge, method: str = "generate"):
+    """``(probe, static_probe)`` that pass the source of ``VllmHiddenStatesGenerator.<method>``
+    (imported, or read from the installed speculators) to ``judge``."""
+
+    def probe(module) -> Probe:
+        return judge(source_of(getattr(module.VllmHiddenStatesGenerator, method)))
+
+    def static_probe(view) -> Probe:
+        src = view.speculators.source(GENERATOR, "VllmHiddenStatesGenerator", method)
+        if not src:
+            raise LookupError(f"cannot read {GENERATOR}.VllmHiddenStatesGenerator.{method} from the installed sources")
+        return judge(src)
+
+    return probe, static_probe
+
+
+def generator_members(view) -> set[str]:
+    """The methods of the installed generator class, read from the speculators sources."""
+    names = view.speculators.members(GENERATOR, "VllmHiddenStatesGenerator")
+    if not names:
+        raise LookupError(f"cannot read {GENERATOR}.VllmHiddenStatesGenerator from the installed sources")
+    return names
+
+
+def source_of(obj) -> str:
+    """The source text of a function or class (read, never executed)."""
+    return inspect.getsource(getattr(obj, "__wrapped__", obj))
+
+
+def transformers_version() -> str:
+    """The installed transformers version (from its metadata; nothing imported)."""
+    from speculators_compat import versions
+
+    found = versions.installed("transformers")
+    return str(found.version) if found else "not installed"

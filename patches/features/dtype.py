@@ -1,0 +1,84 @@
+"""dtype -- let the user choose the model dtype.
+
+Problem: the stock generator hard-codes ``ModelConfig(dtype="auto")``, so an fp32
+checkpoint runs in half precision (bf16 on CPU): captured states then differ from an fp32
+reference by up to ~5e-2, and MoE routing can flip.
+
+How: ``VllmHiddenStatesGenerator(..., dtype="float32")`` is accepted (the wrapper takes the
+keyword off before the stock constructor sees it), or the environment variable
+``SPECULATORS_COMPAT_DTYPE`` sets a default for every generator. The ``ModelConfig`` name
+in the generator module is wrapped to pass that dtype; with neither set, nothing changes.
+
+Detection: ``ModelConfig`` takes ``dtype``.
+
+For speculators 0.3.x and 0.4.x. Remove when speculators exposes the dtype (0.4.x does not).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+
+from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.sources import render
+from speculators_compat.targets import GENERATOR
+
+from .._probes import params, static_params
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+
+ENV = "SPECULATORS_COMPAT_DTYPE"
+_requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
+
+
+def _judge(p) -> Probe:
+    if "dtype" in p:
+        return Probe.new("ModelConfig takes dtype; the generator hard-codes 'auto'")
+    return Probe.unknown(f"no dtype parameter in ModelConfig{render(p)}")
+
+
+def probe(module) -> Probe:
+    return _judge(params(module.ModelConfig))
+
+
+def static_probe(view) -> Probe:
+    return _judge(static_params(view, "ModelConfig"))
+
+
+def _init(wrapped, instance, args, kwargs):
+    dtype = kwargs.pop("dtype", None) or os.environ.get(ENV) or None
+    token = _requested.set(dtype)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _requested.reset(token)
+
+
+def _model_config(wrapped, instance, args, kwargs):
+    dtype = _requested.get()
+    if dtype:
+        kwargs["dtype"] = dtype
+    return wrapped(*args, **kwargs)
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module, "ModelConfig", _model_config)
+    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+
+
+PATCH = Patch(
+    id="dtype",
+    title="dtype choice",
+    delta="ModelConfig(dtype='auto') hard-coded -> VllmHiddenStatesGenerator(dtype=...) / SPECULATORS_COMPAT_DTYPE",
+    api="vllm.config.ModelConfig(dtype=)",
+    side=Side.DRIVER,
+    kind=Kind.FEATURE,
+    after=("runner-v1",),  # wraps __init__ outside it
+    target=GENERATOR,
+    vllm=SINCE_TWO_PHASE,
+    speculators=SPECULATORS_ALL,
+    probe=probe,
+    static_probe=static_probe,
+    apply=apply,
+    upstream="not in speculators 0.3.x / 0.4.x",
+    remove_when="speculators exposes the dtype",
+)

@@ -1,0 +1,136 @@
+"""results-in-place -- each sequence's states are copied once, from the device into the tensor the caller gets.
+
+Problem (speculators 0.3.x, every vLLM release): the captured states cross the host several
+times after the device: the worker concatenates every step's states into a reply, the driver
+slices it per sequence and ``.clone()``s every row, and the output guard scans every row for
+inf/nan. On an H200 (1.2B Llama, 1 GiB of states per call) those passes took 2 s of a call
+whose prefill took 0.2 s.
+
+How: ``VllmHiddenStatesGenerator.generate`` is wrapped. Before the stock code runs, the call's
+results are laid out in a shared-memory segment of the driver (one block per sequence and
+layer) and the layout is sent to the capturing worker, whose ``shm-transport`` copies each
+step's rows straight into their blocks (on CUDA: asynchronous copies into the segment,
+registered with ``cudaHostRegister`` once). The worker's reply names the call; the stock
+``h[offset : offset + seq_len].clone().cpu()`` then receives each block as a tensor of its own
+(its storage is exactly its bytes, so ``torch.save`` writes only that sample), with no copy.
+The worker sums each step's rows on the device; the output guard scans on the host only a
+layer whose sums are not finite. Segments are reused once the caller has freed every tensor of
+a call, and the segment files are unlinked as soon as the worker has mapped them.
+
+Held results: when the caller holds more than ``SPECULATORS_COMPAT_HELD_RESULTS`` calls' worth
+of results (default 4; e.g. the stock script's saves fall behind the extraction), ``generate()``
+waits until some are freed, so host memory stays bounded; it stops waiting if nothing is freed
+for a while (a caller that keeps every result). The time waited is in the per-call log line.
+
+Detection: the stock ``generate`` builds its results with the slicing above (speculators
+0.3.x); otherwise unknown. Where the worker does not take the layout (``shm-transport`` off, or
+no room in ``/dev/shm``), the call runs as without this patch.
+
+A feature: left off where no validation run recorded it. Remove when speculators 0.3.x is no
+longer supported.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from speculators_compat.registry import Kind, Patch, Probe, Side
+
+from speculators_compat import transport
+from speculators_compat.targets import GENERATOR
+
+from .._probes import generate_probes
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
+
+log = logging.getLogger("speculators_compat")
+
+#: what the stock ``generate`` must contain for the blocks to stand in for its slices
+STOCK = "h[offset : offset + seq_len].clone().cpu() for h in aux_hidden_states"
+
+
+def _judge(source: str) -> Probe:
+    if STOCK in " ".join(source.split()):
+        return Probe.new("generate() clones each sequence's slice of the reply: blocks stand in for the slices")
+    return Probe.unknown(f"VllmHiddenStatesGenerator.generate does not build its results with {STOCK!r}")
+
+
+probe, static_probe = generate_probes(_judge)
+
+
+def _lengths(generator, token_ids) -> list[int] | None:
+    """Rows per sequence as the stock code will cut them (None: leave the call to the stock code)."""
+    if token_ids is None:
+        return None
+    if hasattr(token_ids, "tolist") and hasattr(token_ids, "dim"):
+        if token_ids.dim() != 2:
+            return None
+        token_ids = token_ids.tolist()
+    try:
+        max_len = generator.vllm_config.model_config.max_model_len - 1
+        lengths = [min(len(ids), max_len) for ids in token_ids]
+    except TypeError:
+        return None
+    return lengths if lengths and all(n > 0 for n in lengths) else None
+
+
+def _generate(wrapped, instance, args, kwargs):
+    token_ids = kwargs["token_ids"] if "token_ids" in kwargs else (args[0] if args else None)
+    lengths = _lengths(instance, token_ids)
+    executor = getattr(instance, "executor", None)
+    if lengths is None or executor is None:
+        return wrapped(*args, **kwargs)
+    config = instance.vllm_config.model_config
+    layers = len(set(instance.layer_ids))
+    hidden = int(config.get_hidden_size())
+    dtype = config.dtype
+    itemsize = transport._itemsize(dtype)
+    _, nbytes = transport.layout(lengths, layers, hidden, itemsize)
+    pool = transport.pool_of(instance)
+    if pool is None:
+        pool = instance.__dict__[transport.POOL_ATTR] = transport.Pool()
+    seg = pool.acquire(nbytes, transport.held_results_limit(nbytes))
+    if seg is None:
+        executor.collective_rpc(transport.accept_plan, args=(None,))
+        return wrapped(*args, **kwargs)
+    try:
+        plan = pool.plan(seg, lengths, layers, hidden, str(dtype).replace("torch.", ""), itemsize)
+        taken = executor.collective_rpc(transport.accept_plan, args=(plan,))
+        if not (isinstance(taken, list) and taken and taken[0] is True):
+            return wrapped(*args, **kwargs)
+        pool.mapped(seg)
+        call = transport.Call(plan, pool.blocks(seg, plan))
+        transport.register_call(call)
+        try:
+            results = wrapped(*args, **kwargs)
+        finally:
+            transport.forget_call(plan.id)
+        if call.rows is None:
+            log.debug("results-in-place: the worker's reply did not come through the layout")
+        transport.certify(call.finite_blocks())
+        return results
+    finally:
+        pool.release(seg)
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+
+
+PATCH = Patch(
+    id="results-in-place",
+    title="each sequence's states copied once, from the device into the caller's tensor",
+    delta="the states cross the host 3-4 times after the device (concatenate, pickle or map, clone, scan) "
+    "-> one copy into the result tensors",
+    api="VllmHiddenStatesGenerator.generate (its per-sequence slicing of the worker's reply)",
+    side=Side.DRIVER,
+    kind=Kind.FEATURE,
+    after=("v5",),  # lays the call out before the repaired generate() runs
+    target=GENERATOR,
+    vllm=SINCE_TWO_PHASE,
+    speculators=SPECULATORS_03,
+    probe=probe,
+    static_probe=static_probe,
+    apply=apply,
+    upstream="not fixed in speculators 0.3.x",
+    remove_when="speculators 0.3.x is no longer supported",
+)

@@ -1,0 +1,90 @@
+"""guard-output -- refuse to return captured states that break the contract.
+
+Problem: not a vLLM delta, the check that catches what no patch knows yet (a future vLLM
+change that reorders, drops or mixes rows).
+
+How: ``VllmHiddenStatesGenerator.generate`` is wrapped; before it returns it verifies: one
+result per input sequence, ``input_ids`` equal to the (truncated) input in input order, one
+tensor per requested layer (distinct layer ids, ascending, as the stock capture orders
+them), each of shape ``[len(input_ids), hidden_size]``, on the CPU, with finite values (a block
+that ``results-in-place`` filled is not scanned on the host when the worker's sums of its
+layer were finite: a single inf or nan makes that sum non-finite).
+A violation raises :class:`~speculators_compat.errors.CaptureContractError` naming the
+sequence and the layer.
+
+Detection: the generator class defines the methods it wraps (``WRAPPERS``).
+
+For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
+"""
+
+from __future__ import annotations
+
+from speculators_compat import transport
+from speculators_compat.errors import CaptureContractError
+from speculators_compat.registry import Kind, Patch, Side
+from speculators_compat.targets import GENERATOR
+
+from .._probes import generator_patch
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+
+
+def check(generator, inputs, results) -> None:
+    import torch
+
+    if not isinstance(results, list) or len(results) != len(inputs):
+        got = len(results) if isinstance(results, list) else type(results).__name__
+        raise CaptureContractError(f"generate() produced {got} results for {len(inputs)} sequences")
+    config = generator.vllm_config.model_config
+    max_len = config.max_model_len - 1
+    hidden = config.get_hidden_size()
+    layers = sorted(set(generator.layer_ids))
+    certified = transport.take_certified()
+    for i, (ids, result) in enumerate(zip(inputs, results)):
+        n = min(len(ids), max_len)
+        got_ids = result["input_ids"]
+        if got_ids.shape != (n,) or not torch.equal(got_ids, torch.as_tensor(ids[:n], dtype=got_ids.dtype)):
+            raise CaptureContractError(f"sequence {i}: input_ids do not match the input (order or length changed)")
+        states = result["hidden_states"]
+        if len(states) != len(layers):
+            raise CaptureContractError(f"sequence {i}: {len(states)} hidden-state tensors for layers {layers}")
+        for layer, t in zip(layers, states):
+            if tuple(t.shape) != (n, hidden):
+                raise CaptureContractError(
+                    f"sequence {i}, layer {layer}: shape {tuple(t.shape)}, expected ({n}, {hidden})"
+                )
+            if t.device.type != "cpu":
+                raise CaptureContractError(f"sequence {i}, layer {layer}: tensor on {t.device}, expected cpu")
+            if certified.get(t.data_ptr()) != tuple(t.shape) and not bool(torch.isfinite(t).all()):
+                raise CaptureContractError(f"sequence {i}, layer {layer}: non-finite values")
+
+
+def _generate(wrapped, instance, args, kwargs):
+    token_ids = kwargs["token_ids"] if "token_ids" in kwargs else args[0]
+    results = wrapped(*args, **kwargs)
+    inputs = token_ids.tolist() if hasattr(token_ids, "tolist") else [list(s) for s in token_ids]
+    check(instance, [list(s) if not isinstance(s, list) else s for s in inputs], results)
+    return results
+
+
+#: method of VllmHiddenStatesGenerator -> its wrapper (the probes require exactly these)
+WRAPPERS = {"generate": _generate}
+
+probe, static_probe, apply = generator_patch("guard", WRAPPERS)
+
+
+PATCH = Patch(
+    id="guard-output",
+    title="output contract",
+    delta="wrong, missing or reordered rows returned silently -> CaptureContractError",
+    api="VllmHiddenStatesGenerator.generate",
+    side=Side.DRIVER,
+    kind=Kind.GUARD,
+    after=("s04-result-order", "results-in-place"),  # checks what the repaired generate() returns
+    target=GENERATOR,
+    vllm=SINCE_TWO_PHASE,
+    speculators=SPECULATORS_ALL,
+    probe=probe,
+    static_probe=static_probe,
+    apply=apply,
+    remove_when="never: this is the library's own guard",
+)

