@@ -50,6 +50,9 @@ MODELS = {
                      num_key_value_heads=8, vocab_size=32000),
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=128256),
+    # the CPU benchmark's model (benchmarks/run.py), for an A/B of the modes on a CPU build
+    "llama-cpu": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                      num_key_value_heads=4, vocab_size=2048),
     # a CPU dry run of the script itself
     "llama-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=4096),

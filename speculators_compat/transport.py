@@ -1,4 +1,4 @@
-"""Captured states from a worker to the driver through one shared-memory file, not pickle.
+"""Captured states from a worker to the driver through shared memory, not pickle.
 
 The stock generator brings a call's captured states from the worker with
 ``collective_rpc("_get_captured_states")``: vLLM pickles every tensor into its message queue
@@ -8,7 +8,9 @@ into a file under ``/dev/shm`` and replies with a :class:`SharedStates` handle; 
 handle in the driver *maps* that file and returns the same list of tensors the stock reply
 holds (no copy; the file is unlinked at once, its pages live as long as the tensors do).
 
-Only the ``shm-transport`` patch creates handles. Nothing here imports torch at import time.
+Only the ``shm-transport`` patch creates handles. The second half of this module is the path
+``results-in-place`` and ``shm-transport`` take together: the rows are copied once, into blocks
+the driver hands out (below). Nothing here imports torch or vLLM at import time.
 """
 
 from __future__ import annotations
@@ -249,6 +251,8 @@ class _Segment:
         self.known = False  # the workers have mapped it (and the file is unlinked)
 
 
+#: per process: stale files of killed runs were looked for
+_SWEPT: list = []
 #: plan ids, unique in the driver process (every generator's calls share the reply registry)
 _plan_ids = itertools.count(1)
 
@@ -330,6 +334,9 @@ class Pool:
     def _create(self, nbytes: int) -> _Segment | None:
         size = _align(nbytes, SEGMENT_QUANTUM)
         where = folder()
+        if not _SWEPT:  # files a killed run created and had not unlinked yet
+            _SWEPT.append(True)
+            remove_stale()
         try:
             stat = os.statvfs(where)
         except OSError:

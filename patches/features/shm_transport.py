@@ -1,4 +1,4 @@
-"""shm-transport -- captured states reach the driver through one shared-memory file, not pickle.
+"""shm-transport -- captured states reach the driver through shared memory, not pickle.
 
 Problem (speculators 0.3.x, every vLLM release): ``generate()`` brings a call's captured
 states from the worker with ``collective_rpc("_get_captured_states", unique_reply_rank=0)``.
@@ -7,19 +7,25 @@ side, single-threaded. Measured on an H200 host (vLLM 0.20.0, 1.2B Llama in bf16
 tokens, 4 layers = 1 GiB of states per call): 3.7 s of a 6.5 s ``generate()`` went into that
 call (0.34 GB/s), while the model's forward took 0.28 s.
 
-How: ``HiddenStatesWorkerExtension._get_captured_states`` is wrapped in the worker. Where the
+How, with ``results-in-place`` (the driver sends each call's layout): ``_store_captured_states``
+is wrapped to copy each step's rows straight into their blocks of the driver's shared-memory
+segment (on CUDA: asynchronous copies on a side stream into the segment, registered with
+``cudaHostRegister`` once per segment) and to sum each layer's rows on the device; the reply of
+``_get_captured_states`` is a few numbers (rows copied, which layers' sums were finite).
+
+Without a layout: ``HiddenStatesWorkerExtension._get_captured_states`` is wrapped. Where the
 stock method would concatenate each layer's parts and return the list, the wrapper (after
 waiting for offload-captured's copies, if any) concatenates them straight into one new file
 under ``/dev/shm`` and returns a :class:`.transport.SharedStates` handle.
-The handle pickles as a call of ``transport.open_states`` (this package): the driver's
+The handle pickles as a call of ``speculators_compat.transport.open_states``: the driver's
 unpickler maps the file (private mapping, no copy), unlinks it, and hands the stock code the
 same list of ``[tokens, hidden]`` tensors, bit for bit. The file's space is reserved first
 (``posix_fallocate``): if ``/dev/shm`` lacks room (a small container default), the wrapper
 replies as stock. A file a killed driver never opened is removed by the next worker that
-starts (its name carries the driver's pid).
+or driver that starts (its name carries the driver's pid).
 
 Detection: the stock ``_get_captured_states`` returns the per-layer ``torch.cat`` of
-``self._captured_states`` (speculators 0.3.x): new. speculators 0.4.x returns a dict by
+``self._captured_states`` and ``_store_captured_states`` exists (speculators 0.3.x): new. speculators 0.4.x returns a dict by
 request id: not for it. A ``/dev/shm`` that does not exist: not needed (the stock path runs).
 
 A feature (same data, less time): left off where no validation run recorded it. Remove when
@@ -47,9 +53,11 @@ STOCK = ("torch.cat(layer_tensors, dim=0) for layer_tensors in self._captured_st
 _SWEPT: list = []
 
 
-def _judge(source: str | None) -> Probe:
+def _judge(source: str | None, has_store: bool = True) -> Probe:
     if not source:
         return Probe.unknown(f"HiddenStatesWorkerExtension has no {METHOD}")
+    if not has_store:
+        return Probe.unknown(f"HiddenStatesWorkerExtension has no {STORE}")
     missing = [s for s in STOCK if s not in source]
     if missing:
         return Probe.unknown(f"HiddenStatesWorkerExtension.{METHOD} does not do {missing[0]!r}")
@@ -60,11 +68,13 @@ def _judge(source: str | None) -> Probe:
 
 def probe(module) -> Probe:
     method = getattr(module.HiddenStatesWorkerExtension, METHOD, None)
-    return _judge(source_of(method) if method is not None else None)
+    return _judge(source_of(method) if method is not None else None,
+                  hasattr(module.HiddenStatesWorkerExtension, STORE))
 
 
 def static_probe(view) -> Probe:
-    return _judge(view.speculators.source(WORKER, "HiddenStatesWorkerExtension", METHOD))
+    return _judge(view.speculators.source(WORKER, "HiddenStatesWorkerExtension", METHOD),
+                  STORE in view.speculators.members(WORKER, "HiddenStatesWorkerExtension"))
 
 
 def _store(wrapped, instance, args, kwargs):
