@@ -21,8 +21,10 @@ reached the host. Measured on an H200 (vLLM 0.26.0, 2026-12-02): the same rows b
 1.2B Llama's calls 0.32 -> 0.25 s. ``SPECULATORS_COMPAT_ASYNC_STEPS=0`` keeps it off; never on
 vLLM's CPU platform.
 
-Detection: ``MultiprocExecutor.execute_model`` and ``sample_tokens`` take ``non_block``; a
-release without ``sample_tokens`` (no two-phase execution): not needed.
+Detection: ``MultiprocExecutor.execute_model`` and ``sample_tokens`` take ``non_block``, and
+vLLM's ``FutureWrapper.result`` takes the replies in the order they were sent (it drains the
+futures queued before it); otherwise (or without ``sample_tokens``: no two-phase execution) not
+needed, and the steps wait for their replies as stock.
 
 A feature (same data, less time): left off where no validation run recorded it. Remove when
 speculators 0.3.x is no longer supported.
@@ -39,7 +41,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 
 from speculators_compat.targets import GENERATOR
 
-from .._probes import params, static_params
+from .._probes import params, static_params, vllm_module
 from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
 
 ASYNC_ENV = "SPECULATORS_COMPAT_ASYNC_STEPS"
@@ -48,18 +50,34 @@ IN_FLIGHT = 4
 METHODS = ("execute_model", "sample_tokens")
 
 
-def _judge(signatures: dict) -> Probe:
+#: what ``FutureWrapper.result`` must do for replies to be taken in the order they were sent:
+#: drain the futures queued before it (the executor's single reply queue per worker)
+IN_ORDER = "futures_queue.pop()"
+
+
+def _judge(signatures: dict, result_source: str | None) -> Probe:
     if "sample_tokens" not in signatures:
         return Probe.old("MultiprocExecutor has no sample_tokens (no two-phase execution)")
     lacking = [m for m in METHODS if "non_block" not in (signatures.get(m) or {})]
+    # without either, the steps wait for their replies, as the stock loop does
     if lacking:
-        return Probe.unknown(f"MultiprocExecutor.{lacking[0]} takes no non_block")
-    return Probe.new("MultiprocExecutor.execute_model/sample_tokens(non_block=True) return futures")
+        return Probe.old(f"MultiprocExecutor.{lacking[0]} takes no non_block")
+    if not result_source or IN_ORDER not in result_source:
+        return Probe.old(f"vLLM's FutureWrapper.result does not drain the futures sent before it ({IN_ORDER!r})")
+    return Probe.new("MultiprocExecutor.execute_model/sample_tokens(non_block=True) return futures taken in order")
 
 
 def probe(module) -> Probe:
+    import importlib
+    import inspect
+
     cls = module.MultiprocExecutor
-    return _judge({m: params(getattr(cls, m)) for m in METHODS if hasattr(cls, m)})
+    wrapper = getattr(importlib.import_module(cls.__module__), "FutureWrapper", None)
+    try:
+        source = inspect.getsource(wrapper.result) if wrapper is not None else None
+    except (OSError, TypeError):
+        source = None
+    return _judge({m: params(getattr(cls, m)) for m in METHODS if hasattr(cls, m)}, source)
 
 
 def static_probe(view) -> Probe:
@@ -71,7 +89,7 @@ def static_probe(view) -> Probe:
             continue
     if "execute_model" not in out:
         raise LookupError("cannot read MultiprocExecutor.execute_model from the installed sources")
-    return _judge(out)
+    return _judge(out, view.vllm.source(vllm_module(view, "MultiprocExecutor"), "FutureWrapper", "result"))
 
 
 class PipelinedExecutor(wrapt.ObjectProxy):
