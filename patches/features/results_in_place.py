@@ -23,7 +23,8 @@ waits until some are freed, so host memory stays bounded; it stops waiting if no
 for a while (a caller that keeps every result). The time waited is in the per-call log line.
 
 Detection: the stock ``generate`` builds its results with the slicing above (speculators
-0.3.x); otherwise unknown. Where the worker does not take the layout (``shm-transport`` off, or
+0.3.x; otherwise unknown), and vLLM's ``collective_rpc`` sends functions to the workers
+(otherwise not needed). Where the worker does not take the layout (``shm-transport`` off, or
 no room in ``/dev/shm``), the call runs as without this patch.
 
 A feature: left off where no validation run recorded it. Remove when speculators 0.3.x is no
@@ -39,7 +40,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat import transport
 from speculators_compat.targets import GENERATOR
 
-from .._probes import generate_probes
+from .._probes import generate_probes, vllm_module
 from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
 
 log = logging.getLogger("speculators_compat")
@@ -48,13 +49,38 @@ log = logging.getLogger("speculators_compat")
 STOCK = "h[offset : offset + seq_len].clone().cpu() for h in aux_hidden_states"
 
 
-def _judge(source: str) -> Probe:
-    if STOCK in " ".join(source.split()):
-        return Probe.new("generate() clones each sequence's slice of the reply: blocks stand in for the slices")
-    return Probe.unknown(f"VllmHiddenStatesGenerator.generate does not build its results with {STOCK!r}")
+#: how ``MultiprocExecutor.collective_rpc`` sends a function (the layout reaches the workers so)
+CALLABLE = "cloudpickle.dumps(method"
 
 
-probe, static_probe = generate_probes(_judge)
+def _judge(source: str, rpc_source: str | None) -> Probe:
+    if STOCK not in " ".join(source.split()):
+        return Probe.unknown(f"VllmHiddenStatesGenerator.generate does not build its results with {STOCK!r}")
+    if not rpc_source or CALLABLE not in rpc_source:
+        return Probe.old("MultiprocExecutor.collective_rpc sends no functions: the states travel as without this patch")
+    return Probe.new("generate() clones each sequence's slice of the reply: blocks stand in for the slices")
+
+
+def _rpc_source(module) -> str | None:
+    import inspect
+
+    try:
+        return inspect.getsource(getattr(module.MultiprocExecutor.collective_rpc, "__wrapped__",
+                                         module.MultiprocExecutor.collective_rpc))
+    except (OSError, TypeError, AttributeError):
+        return None
+
+
+_generate_probe, _generate_static = generate_probes(lambda source: source)
+
+
+def probe(module) -> Probe:
+    return _judge(_generate_probe(module), _rpc_source(module))
+
+
+def static_probe(view) -> Probe:
+    return _judge(_generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
+                                                            "MultiprocExecutor", "collective_rpc"))
 
 
 def _lengths(generator, token_ids) -> list[int] | None:
