@@ -457,14 +457,16 @@ def write_run(folder: str, run: dict) -> str:
 
 
 def _key(run: dict) -> tuple:
-    return (run["vllm"], run["speculators"], run["platform"], run.get("transformers_line", ""))
+    return (run["vllm"], run["speculators"], run["platform"], run.get("transformers", ""), run.get("env", ""),
+            run.get("date", ""))
 
 
 def merge(run_files: list[str], path: str | None = None) -> list[dict]:
-    """Merge validation runs into the table file (default: the package's ``validated.json``); a
-    run replaces an earlier one of the same (vLLM, speculators, platform, transformers line). A
-    run that compared fewer than ``MIN_MODELS`` model shapes is not merged (ValueError). Returns
-    the merged runs."""
+    """Merge validation runs into the table file (default: the package's ``validated.json``). A
+    run is evidence of its own: it is added, replacing only a run of the same environment,
+    releases and platform from the same day (re-recording when a patch lands adds the runs that
+    applied it; the earlier runs still vouch for the patches they applied). A run that compared
+    fewer than ``MIN_MODELS`` model shapes is not merged (ValueError). Returns the merged runs."""
     from packaging.version import Version
 
     from speculators_compat import atomic, validation
@@ -482,7 +484,7 @@ def merge(run_files: list[str], path: str | None = None) -> list[dict]:
         by_key[_key(run)] = run
         merged.append(run)
     runs = sorted(by_key.values(), key=lambda r: (Version(r["vllm"]), Version(r["speculators"]), r["platform"],
-                                                   r.get("transformers_line", "")))
+                                                   r.get("transformers_line", ""), r.get("date", "")))
     atomic.write_text(path, json.dumps({"schema": validation.SCHEMA, "runs": runs}, indent=1, sort_keys=True) + "\n")
     validation.load.cache_clear()
     return merged
