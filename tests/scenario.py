@@ -230,7 +230,7 @@ def main() -> int:
 
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
-        no_config = tempfile.mkdtemp(prefix="no-config-")
+        no_config = tempfile.mkdtemp(prefix="no-config-", dir=os.getcwd())  # the test's tmp_path
         with open(os.path.join(no_config, "tokenizer.json"), "w") as fh:
             fh.write("{}")
         stock_lines = []
