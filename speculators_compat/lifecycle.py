@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 import weakref
 
 from . import leftovers
@@ -134,11 +135,32 @@ def _how(code) -> str:
     return f"exited with code {code}"
 
 
-def dead_workers(executor) -> str | None:
-    """Which worker died, if the executor failed because one did; else ``None``."""
+def _failed(real, workers, settle: float) -> bool:
+    """vLLM's ``is_failed``; where a worker has exited and nobody is shutting the executor down,
+    awaited for up to ``settle`` s (its monitor sets the flag as soon as it sees the exit, but an
+    error relayed by a surviving rank may reach the caller first)."""
+    if getattr(real, "is_failed", False):
+        return True
+    if settle <= 0 or getattr(real, "shutting_down", False):
+        return False
+    with _exits_lock:
+        seen = bool(_FIRST_EXITS.get(real))
+    if not seen and all(w.proc.exitcode is None for w in workers):
+        return False
+    end = time.monotonic() + settle
+    while time.monotonic() < end:
+        if getattr(real, "is_failed", False):
+            return True
+        time.sleep(0.02)
+    return bool(getattr(real, "is_failed", False))
+
+
+def dead_workers(executor, settle: float = 0.0) -> str | None:
+    """Which worker died, if the executor failed because one did; else ``None``. ``settle``:
+    how long to wait for vLLM to mark the executor failed once a worker has exited."""
     real = real_executor(executor)
     workers = list(getattr(real, "workers", None) or ())
-    if not getattr(real, "is_failed", False) or not workers:
+    if not workers or not _failed(real, workers, settle):
         return None
     with _exits_lock:
         first = list(_FIRST_EXITS.get(real) or ())

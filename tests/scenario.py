@@ -12,11 +12,13 @@ Steps (each reported ok / failed with its error; later steps still run when poss
   repeat   the same batch again (second and third calls) == the first
   chunked  5 x 2000 tokens (> max_num_batched_tokens 8192) == HF fp32
   leak     the worker request cache is empty after the calls
-  badinput empty batch / empty sequence / out-of-vocab token / float token raise clearly,
-           and the next call still returns correct data
+  badinput empty batch / empty sequence / out-of-vocab token / float token raise clearly; a
+           constructor given a missing path, a folder without config.json, an out-of-range or a
+           duplicate layer id raises before anything loads; the next call still returns correct data
   overlong a sequence over max_model_len - 1 is truncated as stock does, with a warning
            naming the sequence and both lengths
-  layers   bad layer ids (out of range, not ints) raise before any engine starts
+  layers   bad layer ids (out of range, negative, not ints, empty, duplicate) raise before any
+           engine starts
   prefix   sequences sharing a 300-token prefix (and exact duplicates) == HF fp32: no token is
            skipped by prefix caching
   soak     100 more calls: the worker request cache, the captured-state buffer, the
@@ -211,14 +213,70 @@ def main() -> int:
                 outcomes[name] = f"{type(exc).__name__}: {exc}"
             else:
                 raise AssertionError(f"{name}: no error raised")
+        # without guard-input a duplicate layer id would start a whole engine: the stock code takes it
+        guarded = "guard-input" in speculators_compat.applied_ids()
+        outcomes["constructor"] = bad_constructs() if guarded else "guard-input not applied"
         compare(args.model, mixed[:8], gen.generate(mixed[:8]))
+        return outcomes
+
+    def bad_constructs():
+        """A missing local path, a folder without config.json and bad layer ids: the error names
+        what is wrong, before the stock constructor logs its first line (before the tokenizer,
+        the config or the engine load), and no process is left behind. A hub-id-shaped name that
+        does not exist is left to transformers."""
+        import logging
+        import multiprocessing
+        import tempfile
+
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+        no_config = tempfile.mkdtemp(prefix="no-config-", dir=os.getcwd())  # the test's tmp_path
+        with open(os.path.join(no_config, "tokenizer.json"), "w") as fh:
+            fh.write("{}")
+        stock_lines = []
+
+        class Grab(logging.Handler):
+            def emit(self, record):
+                stock_lines.append(record.getMessage())
+
+        stock_log = logging.getLogger(VllmHiddenStatesGenerator.__module__)
+        level, handler = stock_log.level, Grab(level=logging.INFO)
+        stock_log.setLevel(logging.INFO)
+        stock_log.addHandler(handler)
+        children = len(multiprocessing.active_children())
+        outcomes = {}
+        try:
+            for name, (path, ids) in {
+                "missing path": ("/nonexistent/model", None),
+                "no config.json": (no_config, None),
+                "layer out of range": (args.model, [0, num_layers]),
+                "duplicate layer": (args.model, [LAYERS[1], LAYERS[0], LAYERS[1]]),
+                "hub id": ("speculators-compat-test/no-such-model", None),
+            }.items():
+                del stock_lines[:]
+                t = time.time()
+                try:
+                    VllmHiddenStatesGenerator(path, layer_ids=ids, max_model_len=2048)
+                except Exception as exc:  # noqa: BLE001 - the report records whichever error it was
+                    outcomes[name] = {"error": f"{type(exc).__name__}: {exc}"[:600],
+                                      "seconds": round(time.time() - t, 3), "stock_started": bool(stock_lines)}
+                else:
+                    raise AssertionError(f"{name}: no error raised")
+        finally:
+            stock_log.removeHandler(handler)
+            stock_log.setLevel(level)
+        if len(multiprocessing.active_children()) != children:
+            raise AssertionError(f"a failed constructor left processes: {multiprocessing.active_children()}")
         return outcomes
 
     def step_layers():
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         outcomes = {}
-        for name, bad in {"out of range": [0, num_layers], "negative": [-1], "not ints": ["2"], "empty": []}.items():
+        cases = {"out of range": [0, num_layers], "negative": [-1], "not ints": ["2"], "empty": []}
+        if "guard-input" in speculators_compat.applied_ids():  # the stock code takes a duplicate id
+            cases["duplicate"] = [LAYERS[0], LAYERS[0]]
+        for name, bad in cases.items():
             try:
                 VllmHiddenStatesGenerator(args.model, layer_ids=bad, max_model_len=2048)
             except (ValueError, TypeError) as exc:

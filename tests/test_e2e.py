@@ -173,6 +173,19 @@ def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
     layers = report["layers"]["value"]
     assert "out of bounds" in layers["out of range"] and "out of bounds" in layers["negative"]
     assert "InvalidInputError" in layers["not ints"] and "InvalidInputError" in layers["empty"]
+    assert all(layers[k].startswith("InvalidInputError") for k in ("out of range", "negative", "duplicate"))
+    assert "the model has 8 decoder layers" in layers["out of range"] and "more than once" in layers["duplicate"]
+    built = messages["constructor"]
+    for case, fragment in {
+        "missing path": "model path '/nonexistent/model' does not exist",
+        "no config.json": "has no config.json (found: tokenizer.json)",
+        "layer out of range": "layer id 8 out of bounds [0, 7]: the model has 8 decoder layers (config.json)",
+        "duplicate layer": "layer id(s) 2 given more than once",
+    }.items():
+        assert built[case]["error"].startswith("InvalidInputError: ") and fragment in built[case]["error"], built[case]
+        assert not built[case]["stock_started"] and built[case]["seconds"] < 1.0, built[case]  # before any load
+    # a hub-id-shaped name is left to transformers (offline here: it cannot find it)
+    assert not built["hub id"]["error"].startswith("InvalidInputError"), built["hub id"]
 
 
 # Kimi-K2.5 runs at TP=2 wherever it runs (the real model only runs tensor-parallel)

@@ -1,38 +1,56 @@
 """guard-input -- clear errors for bad input, and a generator that stays usable.
 
 Problem: not a vLLM delta. Bad input reaches vLLM as it is (a bad token id crashes a worker,
-an empty sequence wedges the stock scheduler), and a failed call leaves requests behind.
+an empty sequence wedges the stock scheduler), a failed call leaves requests behind, and a
+local model folder that is missing reaches transformers as a hub repo id
+(``HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name'``).
 
 How: the generator's ``__init__`` and ``generate`` are wrapped:
 
-* Constructor: ``layer_ids`` must be ``None`` or a non-empty list of ints (the stock code
-  checks the range only).
+* Constructor, before anything loads (tokenizer, config, engine):
+  ``layer_ids`` must be ``None`` or a non-empty list of ints; a ``model_path`` that is local
+  -- absolute, ``./``, ``../``, ``~`` (expanded: neither transformers nor vLLM expand it), an
+  existing file or folder, or not of a hub repo id's form (``name`` / ``org/name``) -- must be
+  a readable folder with a readable, valid ``config.json``, else
+  :class:`~speculators_compat.errors.InvalidInputError` names the path and what is missing;
+  a hub-id-shaped path that does not exist locally is left to transformers, as before.
+  Given ``layer_ids`` must be distinct and in ``[0, L - 1]`` (negative ids are rejected, as
+  the stock code does: they do not count from the end), else ``InvalidInputError`` names the
+  model's layer count ``L``: read from the local ``config.json`` (``num_hidden_layers``, or
+  ``text_config.num_hidden_layers``); for a hub id (or a config that spells it otherwise) from
+  the config the stock constructor loads itself (``AutoConfig.from_pretrained``, wrapped while
+  the constructor runs), right after that load and before the engine starts. The stock code
+  checks the range only and, with a duplicate, returns fewer tensors per sequence than ids.
 * ``generate(token_ids)``: an empty batch, an empty sequence, a non-integer token, a token
   outside the vocabulary or a tensor that is not a 2-D integer tensor raise
-  :class:`~speculators_compat.errors.InvalidInputError` naming the sequence, before any
-  request reaches vLLM (a bad token id would otherwise crash a worker). A sequence longer
-  than ``max_model_len - 1`` is truncated as the stock code does, with a warning that names
-  the sequence and both lengths.
+  ``InvalidInputError`` naming the sequence, before any request reaches vLLM (a bad token id
+  would otherwise crash a worker). A sequence longer than ``max_model_len - 1`` is truncated as
+  the stock code does, with a warning that names the sequence and both lengths.
 * If the stock ``generate`` fails half-way, every request it left in the scheduler is
   aborted, the workers are told, and the capture buffer is reset, so the next call starts
   clean; the original error is re-raised.
 
-Detection: the generator class defines the methods it wraps (``WRAPPERS``).
+Detection: the generator class defines the methods it wraps (``WRAPPERS``), and its
+``__init__`` loads the model config with ``AutoConfig.from_pretrained`` (the layer count).
 
 For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
 """
 
 from __future__ import annotations
 
+import contextvars
+import json
 import logging
 import numbers
+import os
+import re
 
 from speculators_compat.errors import InvalidInputError
-from speculators_compat.registry import Kind, Patch, Side
+from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
 
 from .._idle_output import forget_idle
-from .._probes import generator_patch
+from .._probes import generator_members, generator_methods, source_of
 from .._ranges import SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
@@ -91,6 +109,110 @@ def normalize(token_ids, vocab_size: int, max_len: int) -> list[list[int]]:
     return out
 
 
+# -- the constructor: model path and layer ids -------------------------------------------------
+
+#: a Hugging Face hub repo id: ``name`` or ``org/name`` (huggingface_hub's validate_repo_id)
+HUB_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]+\b$")
+HUB_ID_MAX = 96
+#: the stock constructor's config load, where the layer count of a hub model is read
+CONFIG_CALL = "AutoConfig.from_pretrained("
+
+#: while a constructor runs: [model path, layer ids] still to be checked against the config it loads
+_pending: contextvars.ContextVar[list | None] = contextvars.ContextVar("speculators_compat_layer_ids", default=None)
+
+
+def hub_id_shaped(path: str) -> bool:
+    """``path`` has the form of a hub repo id (``name`` / ``org/name``)."""
+    return (len(path) <= HUB_ID_MAX and bool(HUB_ID.match(path)) and "--" not in path and ".." not in path
+            and not path.endswith(".git"))
+
+
+def is_local(path) -> bool:
+    """``path`` names a local folder or file, never a hub repo id."""
+    if isinstance(path, os.PathLike):
+        return True
+    text = str(path)
+    return (os.path.isabs(text) or text.startswith(("./", "../", "~")) or text in (".", "..")
+            or os.path.exists(text) or not hub_id_shaped(text))
+
+
+def _nearest_existing(path: str) -> str | None:
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.exists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            return None
+        parent = up
+    return parent or None
+
+
+def check_model_path(model_path) -> tuple[str, dict | None]:
+    """For a local ``model_path``: the path to use (``~`` expanded) and its parsed
+    ``config.json``, or :class:`InvalidInputError` naming the path and what is missing. A hub
+    id: ``(model_path, None)``, untouched."""
+    if not is_local(model_path):
+        return model_path, None
+    given = os.fspath(model_path)
+    path = os.path.expanduser(given)
+    shown = repr(given) + (f" (= {path})" if path != given else "")
+    if not os.path.exists(path):
+        near = _nearest_existing(path)
+        where = f"; the nearest folder that exists is {near}" if near else ""
+        hint = "" if hub_id_shaped(given) else " (it is not a Hugging Face hub id 'name' or 'org/name' either)"
+        raise InvalidInputError(f"model path {shown} does not exist{where}: expected the model's local folder "
+                                f"with its config.json{hint}")
+    if not os.path.isdir(path):
+        raise InvalidInputError(f"model path {shown} is a file, not a folder: give the model's folder "
+                                "(the one with config.json, the weights and the tokenizer)")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise InvalidInputError(f"model folder {shown} cannot be read by this user (permission denied)")
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        try:
+            names = sorted(os.listdir(path))
+        except OSError:
+            names = []
+        found = (", ".join(names[:8]) + (", ..." if len(names) > 8 else "")) if names else "nothing"
+        raise InvalidInputError(f"model folder {shown} has no config.json (found: {found}): it is not a "
+                                "Hugging Face model folder")
+    try:
+        with open(config_file, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except OSError as exc:
+        raise InvalidInputError(f"model folder {shown}: config.json cannot be read ({exc.strerror or exc})") from exc
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        raise InvalidInputError(f"model folder {shown}: config.json is not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise InvalidInputError(f"model folder {shown}: config.json holds {type(config).__name__}, not an object")
+    return (path if path != given else model_path), config
+
+
+def layer_count(config) -> int | None:
+    """The decoder layer count as the stock constructor reads it (``num_hidden_layers``, else
+    ``text_config.num_hidden_layers``), from a parsed config.json (dict) or a config object."""
+    get = (lambda c, k: c.get(k) if isinstance(c, dict) else getattr(c, k, None))
+    count = get(config, "num_hidden_layers")
+    if count is None:
+        text = get(config, "text_config")
+        count = get(text, "num_hidden_layers") if text is not None else None
+    return count if _is_int(count) else None
+
+
+def check_layer_ids(layer_ids: list[int], count: int, where: str) -> None:
+    """Every id in ``[0, count - 1]`` and none twice, else :class:`InvalidInputError` naming the count."""
+    layers = f"the model has {count} decoder layers ({where}), ids 0 - {count - 1}"
+    bad = [x for x in layer_ids if not 0 <= x < count]
+    if bad:
+        negative = " (negative ids do not count from the end: the stock generator rejects them too)" if bad[0] < 0 else ""
+        raise InvalidInputError(f"layer_ids {layer_ids}: layer id {bad[0]} out of bounds [0, {count - 1}]: "
+                                f"{layers}{negative}")
+    twice = sorted({x for x in layer_ids if layer_ids.count(x) > 1})
+    if twice:
+        raise InvalidInputError(f"layer_ids {layer_ids}: layer id(s) {', '.join(map(str, twice))} given more than "
+                                f"once; each result holds one tensor per distinct layer, so they would not line up "
+                                f"with the ids ({layers})")
+
+
 def _init(wrapped, instance, args, kwargs):
     layer_ids = kwargs.get("layer_ids", args[1] if len(args) > 1 else None)
     if layer_ids is not None:
@@ -100,11 +222,46 @@ def _init(wrapped, instance, args, kwargs):
         bad = [x for x in layer_ids if not _is_int(x)]
         if bad or not layer_ids:
             raise InvalidInputError(f"layer_ids must be a non-empty list of ints, got {layer_ids!r}")
+        layer_ids = [int(x) for x in layer_ids]
         if "layer_ids" in kwargs:
-            kwargs["layer_ids"] = [int(x) for x in layer_ids]
+            kwargs["layer_ids"] = layer_ids
         else:
-            args = (args[0], [int(x) for x in layer_ids], *args[2:])
-    return wrapped(*args, **kwargs)
+            args = (args[0], layer_ids, *args[2:])
+    in_kwargs = "model_path" in kwargs
+    model_path = kwargs["model_path"] if in_kwargs else (args[0] if args else None)
+    pending = None
+    if isinstance(model_path, (str, os.PathLike)):  # anything else is the stock code's to refuse
+        path, config = check_model_path(model_path)
+        if path is not model_path:
+            if in_kwargs:
+                kwargs["model_path"] = path
+            else:
+                args = (path, *args[1:])
+        count = layer_count(config) if config is not None else None
+        if layer_ids is not None:
+            if count is not None:
+                check_layer_ids(layer_ids, count, "config.json")
+            else:  # a hub id, or a config that names its layer count otherwise: the stock load tells
+                pending = [str(path), layer_ids]
+    token = _pending.set(pending)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _pending.reset(token)
+
+
+def _config_loaded(wrapped, instance, args, kwargs):
+    """``AutoConfig.from_pretrained``: the first load of the constructing generator's own model
+    checks its layer ids against the layer count of the config it returns."""
+    config = wrapped(*args, **kwargs)
+    pending = _pending.get()
+    name = kwargs.get("pretrained_model_name_or_path", args[0] if args else None)
+    if pending is not None and name is not None and str(name) == pending[0]:
+        _pending.set(None)  # once: vLLM loads the same config again later
+        count = layer_count(config)
+        if count is not None:
+            check_layer_ids(pending[1], count, f"its config, {type(config).__name__}")
+    return config
 
 
 def recover(generator) -> None:
@@ -145,7 +302,32 @@ def _generate(wrapped, instance, args, kwargs):
 #: method of VllmHiddenStatesGenerator -> its wrapper (the probes require exactly these)
 WRAPPERS = {"__init__": _init, "generate": _generate}
 
-probe, static_probe, apply = generator_patch("guard", WRAPPERS)
+
+def _judge(members: set[str], init_source: str) -> Probe:
+    found = generator_methods("guard", tuple(WRAPPERS), members)
+    if found.shape.value != "new":
+        return found
+    if CONFIG_CALL not in init_source:
+        return Probe.unknown("VllmHiddenStatesGenerator.__init__ does not load its config with "
+                             "AutoConfig.from_pretrained (where the layer count of a hub model is read)")
+    return Probe.new("guard around VllmHiddenStatesGenerator.__init__/generate; layer ids checked against the "
+                     "config the constructor loads (AutoConfig.from_pretrained)")
+
+
+def probe(module) -> Probe:
+    cls = module.VllmHiddenStatesGenerator
+    init = source_of(cls.__init__) if "__init__" in vars(cls) and hasattr(module, "AutoConfig") else ""
+    return _judge(set(vars(cls)), init)
+
+
+def static_probe(view) -> Probe:
+    return _judge(generator_members(view), view.speculators.source(GENERATOR, "VllmHiddenStatesGenerator", "__init__"))
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module.AutoConfig, "from_pretrained", _config_loaded)
+    for method, wrapper in WRAPPERS.items():
+        patcher.wrap(module.VllmHiddenStatesGenerator, method, wrapper)
 
 
 PATCH = Patch(

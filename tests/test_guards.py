@@ -1,0 +1,370 @@
+"""The guards' own logic on stand-ins (no vLLM): guard-input's model-path and layer-id checks,
+worker-death's judgement of the executor shapes and its error. The real vLLM runs them end to
+end (tests/test_e2e.py's badinput/layers steps, tests/test_crash_resume.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+
+pytest.importorskip("wrapt")
+
+from speculators_compat import lifecycle  # noqa: E402
+from speculators_compat.errors import InvalidInputError, WorkerDiedError  # noqa: E402
+from speculators_compat.patches.features import pipelined_steps  # noqa: E402
+from speculators_compat.patches.guards import guard_input, worker_death  # noqa: E402
+
+
+# -- guard-input: the model path ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, local", [
+    ("meta-llama/Llama-3.1-8B-Instruct", False),
+    ("gpt2", False),
+    ("org/name.v2_x", False),
+    ("/nonexistent/model", True),
+    ("./model", True),
+    ("../model", True),
+    ("~/model", True),
+    (".", True),
+    ("org/name/extra", True),  # three parts: not a hub id
+    ("my model", True),  # a space
+    ("org--x/name", True),
+    ("-name", True),
+    ("name.", True),
+    ("a" * 97, True),
+])
+def test_local_paths_are_told_from_hub_ids(path, local, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing of these names exists here
+    assert guard_input.is_local(path) is local
+
+
+def test_a_hub_id_shaped_folder_that_exists_is_local(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert guard_input.is_local("org/name") and guard_input.is_local(tmp_path / "x")
+
+
+def model_folder(root, config=None, name="model"):
+    folder = root / name
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config) if not isinstance(config, str) else config)
+    return folder
+
+
+def test_a_missing_local_path_names_the_path_and_the_nearest_folder(tmp_path):
+    missing = tmp_path / "models" / "llama"
+    with pytest.raises(InvalidInputError) as err:
+        guard_input.check_model_path(str(missing))
+    text = str(err.value)
+    assert repr(str(missing)) in text and "does not exist" in text and f"nearest folder that exists is {tmp_path}" in text
+    assert "not a Hugging Face hub id" in text
+
+
+def test_a_relative_and_a_home_path_are_checked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(InvalidInputError, match=r"'\./nope' does not exist"):
+        guard_input.check_model_path("./nope")
+    with pytest.raises(InvalidInputError, match=r"'~/nope' \(= .*home/nope\) does not exist"):
+        guard_input.check_model_path("~/nope")
+    (tmp_path / "home").mkdir()
+    folder = model_folder(tmp_path / "home", {"num_hidden_layers": 4})
+    path, config = guard_input.check_model_path("~/model")
+    assert path == str(folder) and config == {"num_hidden_layers": 4}  # expanded: transformers would not
+
+
+def test_a_hub_id_is_left_to_transformers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert guard_input.check_model_path("org/name") == ("org/name", None)
+
+
+@pytest.mark.parametrize("config, message", [
+    (None, "has no config.json (found: tokenizer.json)"),
+    ("{not json", "config.json is not valid JSON"),
+    ("[1, 2]", "config.json holds list, not an object"),
+])
+def test_a_folder_without_a_usable_config_is_named(tmp_path, config, message):
+    folder = model_folder(tmp_path, config)
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(InvalidInputError) as err:
+        guard_input.check_model_path(str(folder))
+    assert message in str(err.value) and str(folder) in str(err.value)
+
+
+def test_a_file_and_an_unreadable_folder_are_named(tmp_path, monkeypatch):
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"x")
+    with pytest.raises(InvalidInputError, match="is a file, not a folder"):
+        guard_input.check_model_path(str(file))
+    folder = model_folder(tmp_path, {"num_hidden_layers": 2})
+    monkeypatch.setattr(os, "access", lambda p, mode: False)  # root reads everything: pretend
+    with pytest.raises(InvalidInputError, match="cannot be read by this user"):
+        guard_input.check_model_path(str(folder))
+
+
+def test_an_unreadable_config_is_named(tmp_path, monkeypatch):
+    folder = model_folder(tmp_path, {"num_hidden_layers": 2})
+    real_open = open
+
+    def deny(path, *a, **k):
+        if str(path).endswith("config.json"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", deny)
+    with pytest.raises(InvalidInputError, match="config.json cannot be read \\(Permission denied\\)"):
+        guard_input.check_model_path(str(folder))
+
+
+# -- guard-input: layer ids ---------------------------------------------------------------------
+
+
+def test_the_layer_count_is_read_as_the_stock_code_reads_it():
+    class Config:
+        num_hidden_layers = 61
+
+    class Wrapper:
+        text_config = Config()
+
+    assert guard_input.layer_count({"num_hidden_layers": 8}) == 8
+    assert guard_input.layer_count({"text_config": {"num_hidden_layers": 7}}) == 7
+    assert guard_input.layer_count({"n_layer": 12}) is None
+    assert guard_input.layer_count(Config()) == 61 and guard_input.layer_count(Wrapper()) == 61
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([0, 8], "layer id 8 out of bounds [0, 7]: the model has 8 decoder layers (config.json), ids 0 - 7"),
+    ([-1, 2], "layer id -1 out of bounds [0, 7]: the model has 8 decoder layers (config.json), ids 0 - 7 "
+              "(negative ids do not count from the end"),
+    ([2, 5, 2], "layer id(s) 2 given more than once"),
+])
+def test_bad_layer_ids_name_the_layer_count(ids, message):
+    with pytest.raises(InvalidInputError) as err:
+        guard_input.check_layer_ids(ids, 8, "config.json")
+    assert message in str(err.value)
+    assert "8 decoder layers" in str(err.value)
+
+
+class Constructor:
+    """The stock constructor's shape: loads the config through the (wrapped) AutoConfig."""
+
+    def __init__(self, count):
+        self.calls, self.count = [], count
+
+    def from_pretrained(self, name, **kwargs):
+        return type("Config", (), {"num_hidden_layers": self.count})()
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        path = kwargs.get("model_path", args[0] if args else None)
+        guard_input._config_loaded(self.from_pretrained, None, (path,), {"trust_remote_code": True})
+        guard_input._config_loaded(self.from_pretrained, None, (path,), {})  # vLLM's own load: not checked
+
+
+def construct(stock, *args, **kwargs):
+    return guard_input._init(stock, None, args, kwargs)
+
+
+def test_the_constructor_refuses_before_anything_loads(tmp_path):
+    folder = model_folder(tmp_path, {"num_hidden_layers": 8})
+    stock = Constructor(8)
+    for args, kwargs, message in [
+        (("/nonexistent/model",), {}, "does not exist"),
+        ((str(model_folder(tmp_path, None, "empty")),), {}, "has no config.json"),
+        ((str(folder), [0, 9]), {}, "out of bounds [0, 7]"),
+        ((str(folder),), {"layer_ids": [3, 3]}, "given more than once"),
+        ((), {"model_path": str(folder), "layer_ids": [-2]}, "out of bounds [0, 7]"),
+    ]:
+        with pytest.raises(InvalidInputError, match=None) as err:
+            construct(stock, *args, **kwargs)
+        assert message in str(err.value), (args, kwargs, str(err.value))
+    assert stock.calls == []  # nothing reached the stock constructor
+    construct(stock, str(folder), (0, 7))
+    assert stock.calls == [((str(folder), [0, 7]), {})]
+
+
+def test_a_hub_model_is_checked_against_the_config_the_constructor_loads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    stock = Constructor(32)
+    with pytest.raises(InvalidInputError, match=r"layer id 32 out of bounds \[0, 31\]: the model has 32 decoder layers"):
+        construct(stock, "org/model", [0, 32])
+    with pytest.raises(InvalidInputError, match="given more than once"):
+        construct(stock, "org/model", layer_ids=[4, 4])
+    construct(stock, "org/model", [0, 31])
+    construct(stock, "org/model")  # no layer_ids: the stock default, not checked here
+    assert len(stock.calls) == 4
+    assert guard_input._pending.get() is None  # nothing left armed outside a constructor
+
+
+def test_a_local_config_without_a_layer_count_is_checked_at_the_stock_load(tmp_path):
+    folder = model_folder(tmp_path, {"n_layer": 12})  # GPT-2's spelling: AutoConfig maps it
+    with pytest.raises(InvalidInputError, match="out of bounds \\[0, 11\\]"):
+        construct(Constructor(12), str(folder), [12])
+
+
+# -- worker-death: the executor shapes ----------------------------------------------------------
+
+MONITOR = "def start_worker_monitor(self):\n    _self.is_failed = True\n    _self.shutdown()\n"
+RPC_CANCEL = "if self.is_failed:\n    raise\nmq.dequeue(timeout=t, cancel=shutdown_event)"
+RPC_TIMEOUT = "if self.is_failed:\n    raise\nmq.dequeue(timeout=dequeue_timeout)"
+SHUTDOWN_QUEUES = "for mq in response_mqs:\n    mq.shutdown()"
+READ = "if self.shutting_down:\n    raise RuntimeError('cancelled')"
+QUEUE_SHUTDOWN = "self.shutting_down = True\nself._spin_condition.cancel()"
+MEMBERS = {"start_worker_monitor", "shutdown", "collective_rpc"}
+GENERATOR = {"__init__", "generate"}
+
+
+def judge(members=MEMBERS, generator=GENERATOR, **sources):
+    base = {"start_worker_monitor": MONITOR, "shutdown": SHUTDOWN_QUEUES,
+            "MessageQueue.acquire_read": READ, "MessageQueue.shutdown": QUEUE_SHUTDOWN}
+    base.update(sources)
+    return worker_death._judge(members, {k: v for k, v in base.items() if v is not None}, generator).shape.value
+
+
+def test_worker_death_knows_both_ways_the_monitor_ends_the_wait():
+    assert judge(collective_rpc=RPC_CANCEL) == "new"  # 0.11.1 - 0.17.x
+    assert judge(collective_rpc=RPC_TIMEOUT) == "new"  # 0.18+
+    # anything else could hang the wait, or leave no failure to see: refused
+    assert judge(collective_rpc=RPC_TIMEOUT, shutdown="self.workers = []") == "unknown"
+    assert judge(collective_rpc=RPC_TIMEOUT, **{"MessageQueue.acquire_read": "poll()"}) == "unknown"
+    assert judge(collective_rpc=RPC_TIMEOUT, **{"MessageQueue.shutdown": None}) == "unknown"
+    assert judge(collective_rpc="mq.dequeue(cancel=e)") == "unknown"  # no is_failed
+    assert judge(collective_rpc=RPC_CANCEL, start_worker_monitor="_self.shutdown()") == "unknown"
+    assert judge(collective_rpc=RPC_CANCEL, members={"collective_rpc"}) == "unknown"
+    assert judge(collective_rpc=RPC_CANCEL, generator={"generate"}) == "unknown"
+
+
+class Proc:
+    def __init__(self, pid, name, exitcode=None):
+        self.pid, self.name, self.exitcode = pid, name, exitcode
+        self.sentinel = None
+
+    def join(self, timeout=None):
+        pass
+
+
+class Worker:
+    def __init__(self, rank, exitcode=None):
+        self.rank = rank
+        self.proc = Proc(1000 + rank, f"VllmWorker-{rank}", exitcode)
+
+
+class Executor:
+    def __init__(self, workers, failed=False):
+        self.workers, self.is_failed, self.response_mqs = workers, failed, []
+
+
+def test_the_error_names_the_dead_worker_and_chains_the_original():
+    ex = Executor([Worker(0, exitcode=-15), Worker(1, exitcode=-signal.SIGKILL)], failed=True)
+    with lifecycle._exits_lock:
+        lifecycle._FIRST_EXITS[ex] = [ex.workers[1]]  # the watcher saw rank 1 go first
+    original = RuntimeError("Worker failed with error 'Connection reset by peer'")
+    with pytest.raises(WorkerDiedError) as err:
+        worker_death._raise_if_dead(ex, original, "during generate()")
+    text = str(err.value)
+    assert "vLLM worker VllmWorker-1 (pid 1001, rank 1 of 2) was killed by SIGKILL" in text
+    assert "VllmWorker-0" not in text and "during generate()" in text and "stopped its other workers" in text
+    assert err.value.__cause__ is original
+
+
+def test_an_error_relayed_before_vllm_marks_the_executor_failed_is_still_named():
+    ex = Executor([Worker(0), Worker(1, exitcode=-signal.SIGKILL)])
+    threading.Timer(0.2, lambda: setattr(ex, "is_failed", True)).start()  # vLLM's monitor, a moment later
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"rank 1 of 2\) was killed by SIGKILL"):
+        worker_death._raise_if_dead(ex, RuntimeError("gloo"), "during generate()")
+    assert time.monotonic() - start < 1.0
+
+
+def test_no_worker_died_no_wait_and_the_error_is_left_alone():
+    ex = Executor([Worker(0), Worker(1)])
+    start = time.monotonic()
+    assert worker_death._raise_if_dead(ex, ValueError("bad"), "during generate()") is None
+    shutting = Executor([Worker(0, exitcode=-15)])
+    shutting.shutting_down = True  # Ctrl-C: the runner stopped the workers, vLLM's flag stays down
+    assert worker_death._raise_if_dead(shutting, KeyboardInterrupt(), "during generate()") is None
+    assert time.monotonic() - start < 0.1
+
+
+class PipelinedStandIn:
+    """vLLM's executor as pipelined-steps sees it: steps return futures; after a worker died,
+    the outstanding ones fail as vLLM's cancelled reads do."""
+
+    def __init__(self):
+        self.workers = [Worker(0), Worker(1)]
+        self.is_failed = False
+        self.response_mqs = []
+        self.futures = []
+
+    def _step(self, arg, non_block=False):
+        fut = Future()
+        self.futures.append(fut)
+        return fut
+
+    execute_model = sample_tokens = _step
+
+    def collective_rpc(self, *args, **kwargs):
+        return ["states"]
+
+
+class Output:
+    total_num_scheduled_tokens = 8
+
+
+def test_a_death_while_replies_are_outstanding_is_named():
+    real = PipelinedStandIn()
+    executor = pipelined_steps.PipelinedExecutor(real)
+
+    class Generator:
+        pass
+
+    gen = Generator()
+    gen.executor = executor
+
+    def stock_generate(token_ids):
+        executor.execute_model(Output())
+        executor.sample_tokens(None)
+        # worker 1 is killed while both replies are outstanding; vLLM's monitor fails the executor
+        real.workers[1].proc.exitcode = -signal.SIGKILL
+        real.is_failed = True
+        real.workers[0].proc.exitcode = -signal.SIGTERM  # stopped by vLLM's shutdown
+        for fut in real.futures:
+            fut.set_exception(RuntimeError("cancelled"))
+        return executor.collective_rpc("_get_captured_states")  # awaits the steps first
+
+    with pytest.raises(WorkerDiedError, match=r"VllmWorker-1 \(pid 1001, rank 1 of 2\) was killed by SIGKILL .*"
+                                              r"during generate\(\)\. vLLM shut the executor down and stopped its "
+                                              r"other workers.*Underlying error: RuntimeError: cancelled"):
+        worker_death._generate(stock_generate, gen, ([[1, 2, 3]],), {})
+
+
+def test_release_unlinks_what_the_dead_workers_made():
+    from multiprocessing import shared_memory
+
+    reply, group = (shared_memory.SharedMemory(create=True, size=64) for _ in range(2))
+    untracked = f"speculators-compat-test-{os.getpid()}-cpushm_0"
+    with open(f"/dev/shm/{untracked}", "wb") as fh:
+        fh.write(b"x")
+    ex = Executor([Worker(0, exitcode=-signal.SIGKILL), Worker(1)], failed=True)
+    worker_death._NOTED[ex] = ([(ex.workers[0], reply), (ex.workers[1], None)], {group.name, untracked})
+    try:
+        # while a worker may still run, only the dead one's reply buffer goes
+        assert worker_death.release(ex) == [reply.name]
+        assert os.path.exists(f"/dev/shm/{group.name}") and os.path.exists(f"/dev/shm/{untracked}")
+        ex.workers[1].proc.exitcode = -signal.SIGKILL
+        assert worker_death.release(ex, all_stopped=True) == [group.name, untracked]
+        assert not os.path.exists(f"/dev/shm/{group.name}") and not os.path.exists(f"/dev/shm/{untracked}")
+    finally:
+        for shm in (reply, group):
+            shm.close()
+        for name in (reply.name, group.name, untracked):
+            if os.path.exists(f"/dev/shm/{name}"):
+                os.unlink(f"/dev/shm/{name}")
