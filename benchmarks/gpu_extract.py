@@ -14,12 +14,14 @@ captured). ``--before``: also with ``results-in-place`` and ``pipelined-steps`` 
 steps synchronously (``SPECULATORS_COMPAT_ASYNC_STEPS=0``) and a second generator, as installed,
 runs ``extract_async``, whose rows are compared bit for bit with ``extract``'s. After a warm-up the
 modes alternate in a rotated order, ``--rounds`` times; each call is timed between CUDA
-synchronisations. Reported: tokens/s per call and their medians, the ratios to the prefill (and
-the model's bar, ``TARGETS``), where an extraction call's time went (``before_steps_s``: from the
-call to its first step -- input guard, requests, the workers told; ``steps_s``: from there to the
-worker's reply, the copies from the device overlapping the steps; ``after_reply_s``: results and
-guards; the worker waiting for its copies), the capturing worker's peak device memory and peak
-resident memory, the driver's peak resident memory, and which of the performance patches applied
+synchronisations. ``--sched-ab``: also vLLM's prefill with the generator's scheduler settings
+(``prefill_gen_sched``: its tokens and sequences per step, whole prompts, the V1 runner).
+Reported: tokens/s per call and their medians, the ratios to the prefill (and the model's bar,
+``TARGETS``), where an extraction call's time went (``before_steps_s``: from the call to its first
+step -- input guard, requests, the workers told; ``steps_s``: from there to the worker's reply,
+the copies from the device overlapping the steps; ``after_reply_s``: results and guards; the worker
+waiting for its copies), the capturing worker's peak device memory and peak resident memory, the
+driver's peak resident memory, and which of the performance patches applied
 in the driver and the worker (``missing_features``: any that did not -- then the figures are not
 the library's).
 
@@ -244,7 +246,7 @@ def _sched(vllm_config) -> dict | None:
 
 
 def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str = "auto",
-          async_too: bool = False, before_too: bool = False) -> dict:
+          async_too: bool = False, before_too: bool = False, sched_ab: bool = False) -> dict:
     import torch
 
     cfg = json.loads((Path(model) / "config.json").read_text())
@@ -329,6 +331,21 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
         return {"before_steps_s": (marks.first_step - t0) if marks.first_step else None}
 
     modes = {"prefill": lambda: prefill() or {}, "extract": lambda: extract(False), "steps_nohooks": nohooks}
+    if sched_ab:  # vLLM's own prefill with the generator's scheduler settings (and, after runner-v1, its V1 runner)
+        g = report["generator_engine"]
+        t = time.time()
+        llm_gen = LLM(model=model, enforce_eager=True, gpu_memory_utilization=util, enable_prefix_caching=False,
+                      dtype=dtype, max_num_batched_tokens=g["max_num_batched_tokens"], max_num_seqs=g["max_num_seqs"],
+                      enable_chunked_prefill=False, max_model_len=gen.vllm_config.model_config.max_model_len)
+        report["llm_gen_sched_init_s"] = round(time.time() - t, 1)
+        report["prefill_gen_sched_engine"] = _sched(getattr(llm_gen.llm_engine, "vllm_config", None))
+
+        def prefill_gen_sched():
+            llm_gen.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], SamplingParams(max_tokens=1),
+                             use_tqdm=False)
+            return {}
+
+        modes["prefill_gen_sched"] = prefill_gen_sched
     if before_too:
         modes["extract_before"] = lambda: extract(True)
     if async_too:
@@ -402,7 +419,9 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     for g in (gen, locals().get("gen_async")):
         if g is not None:
             g.executor.shutdown()
-    llm.llm_engine.engine_core.shutdown()  # its engine process, which os._exit would leave behind
+    for engine in (llm, locals().get("llm_gen")):
+        if engine is not None:
+            engine.llm_engine.engine_core.shutdown()  # its engine process, which os._exit would leave behind
     os._exit(0)  # do not wait for the rest of the teardown
 
 
@@ -647,6 +666,8 @@ def main(argv=None):
                    help="extract with SPECULATORS_COMPAT_ASYNC_STEPS=0, and a second generator as installed (extract_async)")
     p.add_argument("--before", dest="before_too", action="store_true",
                    help="also extract with results-in-place and pipelined-steps off (extract_before)")
+    p.add_argument("--sched-ab", action="store_true",
+                   help="also vLLM's prefill with the generator's scheduler settings (prefill_gen_sched)")
     p.add_argument("--dtype", default="auto", help="float32 for a CPU dry run (vLLM's CPU attention lacks bf16 on some CPUs)")
     s = sub.add_parser("stock")
     s.add_argument("model")
@@ -668,7 +689,7 @@ def main(argv=None):
         _ORIG.update(execute_model=pipelined_steps.PipelinedExecutor.execute_model,
                      sample_tokens=pipelined_steps.PipelinedExecutor.sample_tokens)
         bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype, args.async_too,
-              args.before_too)
+              args.before_too, args.sched_ab)
     else:
         stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util,
               args.prefill_json, args.save_gib)
