@@ -1,28 +1,43 @@
 """Extraction speed on a GPU: the stock generator through the shim against vLLM's own prefill.
 
     python benchmarks/gpu_extract.py build ROOT                 # the random bf16 Llamas (no vLLM needed)
-    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--async] [--rounds 3] [--prompts 64] [--len 1024]
-    python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR]
+    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before]
+    python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR] [--prefill-json BENCH_FILE]
 
 ``bench``: one process, every engine alive on the same GPU, built once: vLLM's own eager prefill
 (``LLM(enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.3)``,
-``generate(SamplingParams(max_tokens=1))``), and the stock ``VllmHiddenStatesGenerator`` through
-the shim, as installed (``extract``), with ``results-in-place`` and ``pipelined-steps`` off
-(``extract_before``: how every call ran before those patches), and with the capture hooks removed
-in the worker (``steps_nohooks``: the generator's steps alone; the call then fails at its end, as
-nothing was captured). ``--async``: ``extract`` runs its steps synchronously
-(``SPECULATORS_COMPAT_ASYNC_STEPS=0``) and a second generator, as installed, runs
-``extract_async``, whose rows are compared bit for bit with ``extract``'s. After a warm-up the modes
-alternate in a rotated order, ``--rounds`` times; each call is timed between CUDA
-synchronisations. Reported: tokens/s per call and their medians, the ratios to the prefill, where
-an extraction call's time went (until the worker's reply; the rest: results and guards; the
-worker waiting for its copies), the worker's peak device memory and the driver's peak RSS.
+``generate(SamplingParams(max_tokens=1))``), the stock ``VllmHiddenStatesGenerator`` through the
+shim, as installed (``extract``), and with the capture hooks removed in the worker
+(``steps_nohooks``: the generator's steps alone; the call then fails at its end, as nothing was
+captured). ``--before``: also with ``results-in-place`` and ``pipelined-steps`` off
+(``extract_before``: how every call ran before those patches). ``--async``: ``extract`` runs its
+steps synchronously (``SPECULATORS_COMPAT_ASYNC_STEPS=0``) and a second generator, as installed,
+runs ``extract_async``, whose rows are compared bit for bit with ``extract``'s. After a warm-up the
+modes alternate in a rotated order, ``--rounds`` times; each call is timed between CUDA
+synchronisations. ``--sched-ab``: also vLLM's prefill with the generator's scheduler settings
+(``prefill_gen_sched``: its tokens and sequences per step, whole prompts, the V1 runner).
+Reported: tokens/s per call and their medians, the ratios to the prefill (and the model's bar,
+``TARGETS``), where an extraction call's time went (``before_steps_s``: from the call to its first
+step -- input guard, requests, the workers told; ``steps_s``: from there to the worker's reply,
+the copies from the device overlapping the steps; ``after_reply_s``: results and guards; the worker
+waiting for its copies), the capturing worker's peak device memory and peak resident memory, the
+driver's peak resident memory, and which of the performance patches applied
+in the driver and the worker (``missing_features``: any that did not -- then the figures are not
+the library's).
 
 ``stock``: the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads, their
 futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches, saving to
 ``--disk``; before it, that disk's own write bandwidth (``--disk-gib`` of data written and fsynced
-in 64 MiB blocks). Reported: samples/s and bytes/s saved, the ratio to the disk's bandwidth and to
-the prefill rate, and the driver's RSS sampled every 0.2 s (bounded: the held results wait).
+in 64 MiB blocks) and the save path's (``--save-gib`` of samples of the run's shape, from a
+shared-memory segment as ``results-in-place`` hands them out, saved by 4 threads through
+``atomic-save``: temporary file, fsync, rename; and, for comparison, plain ``torch.save`` with one
+``sync`` at the end). Reported: the pipeline -- from the start of the first ``generate()`` to the
+last file complete (its rename) -- in samples/s, tokens/s and bytes/s, against the disk's bandwidth
+and (``--prefill-json``: a ``bench`` report of the same model) against the prefill; which of the two
+bounds the run (``limited_by``) and the ratio to it; the start-up and the teardown around it; each
+call's seconds; the held results' peak and the time ``generate()`` waited for them (the run's
+summary line); the driver's and its workers' resident memory and ``/dev/shm`` use, sampled every
+0.2 s (bounded: the held results wait).
 
 Ratios only, measured in one process: absolute figures vary with the machine.
 """
@@ -32,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -58,6 +74,13 @@ MODELS = {
                        num_key_value_heads=2, vocab_size=4096),
 }
 TURNED_OFF = ("results-in-place", "pipelined-steps")
+#: what the speed rests on: the driver's and the capturing worker's performance patches
+#: (offload-captured: CUDA only; driver-threads: only where vLLM lowered the driver's threads)
+FEATURES = {"driver": ("results-in-place", "pipelined-steps"), "worker": ("shm-transport", "offload-captured")}
+#: the bar extraction / eager prefill has to clear, by model name
+TARGETS = {"llama-1b": 0.90, "llama-8b": 0.97}
+#: the stock run's bar: this much of what bounds it (the prefill, or the disk where it is slower)
+STOCK_TARGET = 0.90
 
 
 def build(root: Path, names) -> dict:
@@ -107,7 +130,15 @@ def w_stats(worker):
     if state is not None:
         out["wait_copies_s"] = round(state.wait_s, 4)
         state.wait_s = 0.0
+    out["peak_rss_gib"] = round(_proc_status_gib("VmHWM:"), 2)
     return out
+
+
+def w_applied(worker):
+    """The patches that applied in the worker."""
+    import speculators_compat
+
+    return speculators_compat.applied_ids()
 
 
 def w_hooks(worker, on: bool, layer_ids):
@@ -140,14 +171,16 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 class Marks:
-    """When the worker's reply arrived in the driver (``transport.claim``), and how long the
-    output guard took, per extraction call."""
+    """When the first step of a call was scheduled (the generator's ``scheduler.schedule``
+    returned), when the worker's reply arrived in the driver (``transport.claim``), and how long
+    the output guard took, per extraction call."""
 
     def __init__(self):
         from speculators_compat import transport
         from speculators_compat.patches.guards import guard_output
 
         self.reply = None
+        self.first_step = None
         self.guard_s = 0.0
         claim, check = transport.claim, guard_output.check
 
@@ -164,17 +197,56 @@ class Marks:
 
         transport.claim, guard_output.check = timed_claim, timed_check
 
+    def watch(self, gen) -> None:
+        """Mark the first ``schedule()`` of each call of ``gen`` (an instance attribute)."""
+        schedule = gen.scheduler.schedule
 
-def rss_gib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 2**20
+        def timed_schedule(*a, **k):
+            out = schedule(*a, **k)
+            if self.first_step is None:
+                self.first_step = time.perf_counter()
+            return out
+
+        gen.scheduler.schedule = timed_schedule
+
+    def start(self) -> float:
+        self.reply, self.first_step, self.guard_s = None, None, 0.0
+        return time.perf_counter()
+
+    def split(self, t0: float, t1: float) -> dict:
+        """A call's parts, seconds (None where a mark is missing)."""
+        r, f = self.reply, self.first_step
+        return {"before_steps_s": (f - t0) if f else None, "steps_s": (r - f) if r and f else None,
+                "reply_s": (r - t0) if r else None, "after_reply_s": (t1 - r) if r else None,
+                "guard_s": self.guard_s}
+
+
+def _proc_status_gib(key: str, pid: str = "self") -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
     return 0.0
 
 
+def rss_gib() -> float:
+    return _proc_status_gib("VmRSS:")
+
+
+def _sched(vllm_config) -> dict | None:
+    """What an engine's scheduler was configured with."""
+    sched = getattr(vllm_config, "scheduler_config", None)
+    if sched is None:
+        return None
+    return {k: getattr(sched, k, None) for k in ("max_num_batched_tokens", "max_num_seqs", "async_scheduling",
+                                                 "enable_chunked_prefill")}
+
+
 def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str = "auto",
-          async_too: bool = False) -> dict:
+          async_too: bool = False, before_too: bool = False, sched_ab: bool = False) -> dict:
     import torch
 
     cfg = json.loads((Path(model) / "config.json").read_text())
@@ -182,8 +254,10 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     layer_ids = [2, layers_n // 2, layers_n - 3, layers_n - 1]
     batch = prompts(n, length, cfg["vocab_size"], seed=7)
     tokens = n * length
+    name = Path(model).name
     report: dict = {"model": model, "config": {k: cfg[k] for k in MODELS["llama-1b"]}, "prompts": n,
-                    "length": length, "layers": layer_ids, "rounds": rounds, "calls": {}}
+                    "length": length, "layers": layer_ids, "rounds": rounds, "target": TARGETS.get(name),
+                    "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None, "calls": {}}
 
     def save():
         out.write_text(json.dumps(report, indent=1))
@@ -196,6 +270,7 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     if dtype != "auto":
         os.environ["SPECULATORS_COMPAT_DTYPE"] = dtype  # the generator's, through the dtype patch
     report["llm_init_s"] = round(time.time() - t, 1)
+    report["prefill_engine"] = _sched(getattr(llm.llm_engine, "vllm_config", None))
 
     def prefill():
         llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], SamplingParams(max_tokens=1),
@@ -211,8 +286,18 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     gen = VllmHiddenStatesGenerator(model, layer_ids=layer_ids, max_model_len=2048, gpu_memory_utilization=util)
     os.environ.pop("SPECULATORS_COMPAT_ASYNC_STEPS", None)
     report["generator_init_s"] = round(time.time() - t, 1)
+    report["generator_engine"] = _sched(gen.vllm_config)
     report["applied_driver"] = speculators_compat.applied_ids()
+    report["applied_worker"] = gen.executor.collective_rpc(w_applied)[0]
+    report["features"] = {side: {p: p in report[f"applied_{side}"] for p in ids} for side, ids in FEATURES.items()}
+    # offload-captured is CUDA only; elsewhere its absence is expected
+    report["missing_features"] = [p for side, got in report["features"].items() for p, on in got.items()
+                                  if not on and not (p == "offload-captured" and not torch.cuda.is_available())]
+    if report["missing_features"]:
+        print(f"WARNING: not applied: {report['missing_features']} -- these figures are not the library's "
+              "(an unvalidated release? RECORD=1 makes a validation run)", flush=True)
     marks = Marks()
+    marks.watch(gen)
     sent = {}
 
     def extract(before: bool):
@@ -221,14 +306,12 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
             pipelined_steps.PipelinedExecutor.execute_model = _blocking_execute
             pipelined_steps.PipelinedExecutor.sample_tokens = _blocking_sample
         try:
-            marks.reply, marks.guard_s = None, 0.0
-            t0 = time.perf_counter()
+            t0 = marks.start()
             res = gen.generate(batch)
             _sync()
             t1 = time.perf_counter()
             sent["results"] = res  # held like the stock script's `results` until the next call
-            return {"reply_s": (marks.reply - t0) if marks.reply else None, "after_reply_s": (t1 - marks.reply)
-                    if marks.reply else None, "guard_s": marks.guard_s}
+            return marks.split(t0, t1)
         finally:
             if before:
                 pipelined_steps.PipelinedExecutor.execute_model = _ORIG["execute_model"]
@@ -238,32 +321,48 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
 
     def nohooks():
         gen.executor.collective_rpc(w_hooks, args=(False, layer_ids))
+        t0 = marks.start()
         try:
             gen.generate(batch)  # no states: the call fails at its end, after the steps
         except Exception as exc:  # noqa: BLE001 - expected: nothing was captured
             sent["nohooks_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
         finally:
             gen.executor.collective_rpc(w_hooks, args=(True, layer_ids))
-        return {}
+        return {"before_steps_s": (marks.first_step - t0) if marks.first_step else None}
 
-    modes = {"prefill": lambda: prefill() or {}, "extract": lambda: extract(False),
-             "extract_before": lambda: extract(True), "steps_nohooks": nohooks}
+    modes = {"prefill": lambda: prefill() or {}, "extract": lambda: extract(False), "steps_nohooks": nohooks}
+    if sched_ab:  # vLLM's own prefill with the generator's scheduler settings (and, after runner-v1, its V1 runner)
+        g = report["generator_engine"]
+        t = time.time()
+        llm_gen = LLM(model=model, enforce_eager=True, gpu_memory_utilization=util, enable_prefix_caching=False,
+                      dtype=dtype, max_num_batched_tokens=g["max_num_batched_tokens"], max_num_seqs=g["max_num_seqs"],
+                      enable_chunked_prefill=False, max_model_len=gen.vllm_config.model_config.max_model_len)
+        report["llm_gen_sched_init_s"] = round(time.time() - t, 1)
+        report["prefill_gen_sched_engine"] = _sched(getattr(llm_gen.llm_engine, "vllm_config", None))
+
+        def prefill_gen_sched():
+            llm_gen.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], SamplingParams(max_tokens=1),
+                             use_tqdm=False)
+            return {}
+
+        modes["prefill_gen_sched"] = prefill_gen_sched
+    if before_too:
+        modes["extract_before"] = lambda: extract(True)
     if async_too:
         t = time.time()
         gen_async = VllmHiddenStatesGenerator(model, layer_ids=layer_ids, max_model_len=2048,
                                               gpu_memory_utilization=util)
         report["generator_async_init_s"] = round(time.time() - t, 1)
         report["async_scheduling"] = bool(gen_async.vllm_config.scheduler_config.async_scheduling)
+        marks_async = Marks()
+        marks_async.watch(gen_async)
 
         def extract_async():
-            marks.reply, marks.guard_s = None, 0.0
-            t0 = time.perf_counter()
+            t0 = marks_async.start()
             res = gen_async.generate(batch)
             _sync()
             sent["results_async"] = res
-            return {"reply_s": (marks.reply - t0) if marks.reply else None,
-                    "after_reply_s": (time.perf_counter() - marks.reply) if marks.reply else None,
-                    "guard_s": marks.guard_s}
+            return marks_async.split(t0, time.perf_counter())
 
         def check_async():
             # the same rows as the synchronous generator (bitwise: same kernels, same batches)
@@ -272,21 +371,21 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
                 report["async_equal"] = all(torch.equal(x, y) for ra, rb in zip(a, b)
                                             for x, y in zip(ra["hidden_states"], rb["hidden_states"]))
         modes["extract_async"] = extract_async
-    for name, fn in modes.items():  # warm-up: each mode twice (segments created and registered here)
+    for mode, fn in modes.items():  # warm-up: each mode twice (segments created and registered here)
         fn(), fn()
         gen.executor.collective_rpc(w_stats)
     peak_rss = 0.0
     order = list(modes)
     for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
+        for mode in order[r % len(order):] + order[:r % len(order)]:
             _sync()
             t = time.perf_counter()
-            extra = modes[name]()
+            extra = modes[mode]()
             _sync()
             dt = time.perf_counter() - t
-            worker = gen.executor.collective_rpc(w_stats)[0] if name in ("extract", "extract_before") else {}
+            worker = gen.executor.collective_rpc(w_stats)[0] if mode in ("extract", "extract_before") else {}
             peak_rss = max(peak_rss, rss_gib())
-            report["calls"].setdefault(name, []).append({"s": round(dt, 4), "tokens_s": round(tokens / dt),
+            report["calls"].setdefault(mode, []).append({"s": round(dt, 4), "tokens_s": round(tokens / dt),
                                                          **{k: round(v, 4) for k, v in extra.items() if v is not None},
                                                          **worker})
             save()
@@ -299,18 +398,30 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     report["ratio"] = {m: round(v / med["prefill"], 3) for m, v in med.items()}
     report["breakdown_median_s"] = {
         m: {k: round(statistics.median(c[k] for c in calls if k in c), 4)
-            for k in ("s", "reply_s", "after_reply_s", "guard_s", "wait_copies_s") if any(k in c for c in calls)}
+            for k in ("s", "before_steps_s", "steps_s", "reply_s", "after_reply_s", "guard_s", "wait_copies_s")
+            if any(k in c for c in calls)}
         for m, calls in report["calls"].items() if m != "prefill"}
-    report["peak_rss_gib"] = round(peak_rss, 2)
+    best = "extract_async" if async_too else "extract"  # the generator as installed
+    report["ratio_as_installed"] = report["ratio"][best]
+    if report["target"] is not None:
+        report["meets_target"] = report["ratio_as_installed"] >= report["target"] and not report["missing_features"]
+    report["peak_rss_gib"] = round(peak_rss, 2)  # the driver: every engine of the benchmark in one process
+    worker_calls = [c for m in ("extract", "extract_before") for c in report["calls"].get(m, [])]
+    report["worker_peak_device_gib"] = max((c.get("peak_device_gib", 0.0) for c in worker_calls), default=None)
+    report["worker_peak_rss_gib"] = max((c.get("peak_rss_gib", 0.0) for c in worker_calls), default=None)
     report["state_gib_per_call"] = round(tokens * len(layer_ids) * cfg["hidden_size"] * 2 / 2**30, 3)
     save()
-    print(json.dumps({k: report.get(k) for k in ("median_tokens_s", "ratio", "breakdown_median_s", "peak_rss_gib",
+    print(json.dumps({k: report.get(k) for k in ("model", "median_tokens_s", "ratio", "ratio_as_installed", "target",
+                                                 "meets_target", "missing_features", "breakdown_median_s",
+                                                 "peak_rss_gib", "worker_peak_device_gib", "worker_peak_rss_gib",
                                                  "async_scheduling", "async_equal", "nohooks_error")}),
           flush=True)
     for g in (gen, locals().get("gen_async")):
         if g is not None:
             g.executor.shutdown()
-    llm.llm_engine.engine_core.shutdown()  # its engine process, which os._exit would leave behind
+    for engine in (llm, locals().get("llm_gen")):
+        if engine is not None:
+            engine.llm_engine.engine_core.shutdown()  # its engine process, which os._exit would leave behind
     os._exit(0)  # do not wait for the rest of the teardown
 
 
@@ -344,12 +455,107 @@ def disk_bandwidth(folder: Path, gib: float) -> float:
     return n * len(block) / dt
 
 
+def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: int, rounds: int = 2) -> dict:
+    """Bytes/s of the stock script's save path, from memory the way ``results-in-place`` hands it
+    out (blocks of one shared-memory segment, each its own tensor), 4 threads: through
+    ``atomic-save`` (temporary file, fsync, rename: what ``speculators-compat run`` does), and plain
+    ``torch.save`` to the final name with one ``sync`` at the end (what the stock script does,
+    made durable). Alternated, ``rounds`` times each; medians."""
+    import mmap
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import torch
+
+    from speculators_compat import atomic
+    from speculators_compat.patches.guards import atomic_save
+
+    block = length * hidden * 2
+    n = max(4, int(gib * 2**30 // (block * layers)))
+    path = f"/dev/shm/gpu-extract-save-{os.getpid()}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, n * layers * block)
+        mm = mmap.mmap(fd, n * layers * block, mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    noise = np.frombuffer(os.urandom(16 << 20), dtype=np.uint8)  # every page touched, as a call's copies do
+    for at in range(0, whole.size, noise.size):
+        whole[at:at + noise.size] = noise[:whole.size - at]
+    samples = [{"input_ids": torch.arange(length),
+                "hidden_states": [torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=block,
+                                                                 offset=(i * layers + j) * block))
+                                  .view(torch.bfloat16).view(length, hidden) for j in range(layers)],
+                "loss_mask": torch.ones(length, dtype=torch.long)} for i in range(n)]
+
+    def atomic4(out: Path):
+        atomic.protect(out)
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                for f in [pool.submit(atomic_save._torch_save, torch.save, None, (d, out / f"data_{i}.pt"), {})
+                          for i, d in enumerate(samples)]:
+                    f.result()
+        finally:
+            atomic.unprotect(out)
+
+    def plain4(out: Path):
+        with ThreadPoolExecutor(4) as pool:
+            for f in [pool.submit(torch.save, d, out / f"data_{i}.pt") for i, d in enumerate(samples)]:
+                f.result()
+        os.sync()
+
+    got: dict = {"atomic4": [], "plain4_sync": []}
+    for r in range(rounds):
+        for name, fn in sorted(got.items(), reverse=bool(r % 2)):
+            out = folder / f".save-{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            os.sync()
+            t = time.perf_counter()
+            (atomic4 if name == "atomic4" else plain4)(out)
+            dt = time.perf_counter() - t
+            fn.append(sum(f.stat().st_size for f in out.iterdir()) / dt)
+            shutil.rmtree(out)
+    del samples, whole
+    mm.close()
+    return {"samples": n, "sample_bytes": layers * block, "bytes_s": {k: round(statistics.median(v)) for k, v in got.items()},
+            "runs_bytes_s": {k: [round(x) for x in v] for k, v in got.items()}}
+
+
+_GEN_LINE = re.compile(r"generate\(\): (\d+) sequences, (\d+) tokens, .* ([\d.]+) s")
+_RUN_LINE = re.compile(r"run: (\d+) generate\(\) calls, (\d+) tokens, ([\d.]+) s \((\d+) tokens/s\)"
+                       r"(?:; ([\d.]+) s waiting for held results .*?at most ([\d.]+) GiB)?")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _shm_used() -> int:
+    st = os.statvfs("/dev/shm")
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
 def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path, disk_gib: float,
-          util: float) -> dict:
+          util: float, prefill_json: str | None = None, save_gib: float = 2.0) -> dict:
     cfg = json.loads((Path(model) / "config.json").read_text())
     layers_n = cfg["num_hidden_layers"]
-    report: dict = {"model": model, "calls": calls, "batch": batch, "length": length}
+    layer_ids = [2, layers_n // 2, layers_n - 3, layers_n - 1]
+    report: dict = {"model": model, "calls": calls, "batch": batch, "length": length,
+                    "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None,
+                    "async_steps_env": os.environ.get("SPECULATORS_COMPAT_ASYNC_STEPS")}
     report["disk_bytes_s"] = round(disk_bandwidth(disk, disk_gib))
+    if save_gib > 0:
+        report["save_path"] = save_bandwidth(disk, save_gib, cfg["hidden_size"], len(layer_ids), length)
+        report["save_path"]["ratio_to_disk"] = {k: round(v / report["disk_bytes_s"], 3)
+                                                for k, v in report["save_path"]["bytes_s"].items()}
     data = disk / "train.jsonl"
     rows = prompts(calls * batch, length, cfg["vocab_size"], seed=11)
     with open(data, "w") as f:
@@ -361,36 +567,85 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
     cmd = [sys.executable, "-m", "speculators_compat", "run", str(script), "--target-model-path", model,
            "--train-data-path", str(data), "--output-dir", str(outdir), "--max-model-len", str(length + 1),
            "--batch-size", str(batch), "--gpu-memory-utilization", str(util),
-           "--layer-ids", *map(str, [2, layers_n // 2, layers_n - 3, layers_n - 1])]
-    rss: list[float] = []
+           "--layer-ids", *map(str, layer_ids)]
+    samples: list[tuple[float, float, float, int]] = []  # (time, driver RSS, driver + workers RSS, /dev/shm used)
+    shm0 = _shm_used()
+    t_start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    lines: list[tuple[float, str]] = []  # each line with the time it arrived
+
+    def read():
+        for line in proc.stdout:
+            lines.append((time.time(), line.rstrip()))
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    first_file = None
-    t = time.perf_counter()
     while proc.poll() is None:
-        try:
-            with open(f"/proc/{proc.pid}/status") as f:
-                rss.extend(int(line.split()[1]) / 2**20 for line in f if line.startswith("VmRSS:"))
-        except OSError:
-            pass
-        if first_file is None and outdir.exists() and any(outdir.glob("data_*.pt")):
-            first_file = time.perf_counter()
+        driver = _proc_status_gib("VmRSS:", str(proc.pid))
+        tree = driver + sum(_proc_status_gib("VmRSS:", str(c)) for c in _children(proc.pid))
+        samples.append((time.time(), driver, tree, _shm_used() - shm0))
         time.sleep(0.2)
-    end = time.perf_counter()
+    end = time.time()
     reader.join(timeout=5)
     report["rc"] = proc.returncode
-    report["log_tail"] = [line.rstrip() for line in lines if any(k in line for k in ("generate():", "run:", "saved", "Error"))][-8:]
+    report["log_tail"] = [line for _, line in lines if any(k in line for k in ("run:", "saved", "Error", "WARNING"))][-8:]
     files = sorted(outdir.glob("data_*.pt"))
     nbytes = sum(f.stat().st_size for f in files)
-    span = end - (first_file or t)
-    report.update(files=len(files), bytes=nbytes, run_s=round(end - t, 1), saving_s=round(span, 1),
-                  samples_s=round(len(files) / span, 1), bytes_s=round(nbytes / span),
-                  ratio_to_disk=round(nbytes / span / report["disk_bytes_s"], 3),
-                  rss_gib_max=round(max(rss or [0]), 2), rss_gib_samples=[round(x, 2) for x in rss[:: max(1, len(rss) // 60)]])
+    done = sorted(f.stat().st_ctime for f in files)  # the rename (and the chmod just before it)
+    gen = [(t, int(m.group(1)), int(m.group(2)), float(m.group(3))) for t, line in lines
+           if (m := _GEN_LINE.search(line))]
+    run = next((m for _, line in lines if (m := _RUN_LINE.search(line))), None)
+    report.update(files=len(files), bytes=nbytes, run_s=round(end - t_start, 1))
+    if not (files and gen):
+        report["error"] = "no file saved or no generate() line seen"
+        out.write_text(json.dumps(report, indent=1))
+        print(json.dumps(report), flush=True)
+        return report
+    first_call = gen[0][0] - gen[0][3]  # the first generate() line arrives at its call's end
+    window = done[-1] - first_call
+    per_call = [g[3] for g in gen]
+    tokens = sum(len(r) for r in rows[:len(files)])
+    report.update(
+        generate_calls=len(gen), call_s_median=round(statistics.median(per_call), 3), call_s_max=round(max(per_call), 3),
+        call_s=[round(x, 3) for x in per_call],
+        startup_s=round(first_call - t_start, 1), pipeline_s=round(window, 2), teardown_s=round(end - done[-1], 1),
+        samples_s=round(len(files) / window, 1), tokens_s=round(tokens / window), bytes_s=round(nbytes / window),
+        ratio_to_disk=round(nbytes / window / report["disk_bytes_s"], 3),
+    )
+    if run:
+        report["generate"] = {"calls": int(run.group(1)), "tokens": int(run.group(2)), "seconds": float(run.group(3)),
+                              "tokens_s": int(run.group(4))}
+        if run.group(5) is not None:
+            report["held_results_waited_s"] = float(run.group(5))
+            report["held_results_peak_gib"] = float(run.group(6))
+    if prefill_json:
+        bench_report = json.loads(Path(prefill_json).read_text())
+        prefill = bench_report["median_tokens_s"]["prefill"]
+        state_bytes = len(layer_ids) * cfg["hidden_size"] * 2  # per token, bf16
+        report["prefill_tokens_s"] = round(prefill)
+        report["prefill_bytes_s"] = round(prefill * state_bytes)
+        report["ratio_to_prefill"] = round(report["tokens_s"] / prefill, 3)
+        if "generate" in report:
+            report["generate"]["ratio_to_prefill"] = round(report["generate"]["tokens_s"] / prefill, 3)
+        report["limited_by"] = "disk" if report["disk_bytes_s"] < report["prefill_bytes_s"] else "prefill"
+        report["ratio_to_bound"] = report["ratio_to_disk" if report["limited_by"] == "disk" else "ratio_to_prefill"]
+        report["target"] = STOCK_TARGET
+        report["meets_target"] = report["ratio_to_bound"] >= STOCK_TARGET and report["rc"] == 0
+    inside = [x for x in samples if first_call <= x[0] <= done[-1]]
+    quarter = max(1, len(inside) // 4)
+    report.update(
+        rss_gib_max=round(max(x[1] for x in samples), 2),
+        rss_tree_gib_max=round(max(x[2] for x in samples), 2),
+        shm_gib_max=round(max(x[3] for x in samples) / 2**30, 2),
+        # bounded: the last quarter of the pipeline holds no more than the first
+        rss_gib_first_quarter_max=round(max((x[1] for x in inside[:quarter]), default=0.0), 2),
+        rss_gib_last_quarter_max=round(max((x[1] for x in inside[-quarter:]), default=0.0), 2),
+        rss_gib_samples=[[round(x[0] - t_start, 1), round(x[1], 2), round(x[2], 2), round(x[3] / 2**30, 2)]
+                         for x in samples[:: max(1, len(samples) // 80)]],
+    )
     out.write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: v for k, v in report.items() if k not in ("rss_gib_samples",)}), flush=True)
+    print(json.dumps({k: v for k, v in report.items() if k not in ("rss_gib_samples", "call_s", "log_tail")}),
+          flush=True)
     return report
 
 
@@ -409,6 +664,10 @@ def main(argv=None):
     p.add_argument("--util", type=float, default=0.3)
     p.add_argument("--async", dest="async_too", action="store_true",
                    help="extract with SPECULATORS_COMPAT_ASYNC_STEPS=0, and a second generator as installed (extract_async)")
+    p.add_argument("--before", dest="before_too", action="store_true",
+                   help="also extract with results-in-place and pipelined-steps off (extract_before)")
+    p.add_argument("--sched-ab", action="store_true",
+                   help="also vLLM's prefill with the generator's scheduler settings (prefill_gen_sched)")
     p.add_argument("--dtype", default="auto", help="float32 for a CPU dry run (vLLM's CPU attention lacks bf16 on some CPUs)")
     s = sub.add_parser("stock")
     s.add_argument("model")
@@ -419,6 +678,8 @@ def main(argv=None):
     s.add_argument("--disk", default="/tmp/stock")
     s.add_argument("--disk-gib", type=float, default=4.0)
     s.add_argument("--util", type=float, default=0.5)
+    s.add_argument("--save-gib", type=float, default=2.0, help="the save path's own bandwidth on this much (0: skip)")
+    s.add_argument("--prefill-json", help="a bench report of the same model: the run against its prefill")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         print(json.dumps(build(Path(args.root), args.names)))
@@ -427,9 +688,11 @@ def main(argv=None):
 
         _ORIG.update(execute_model=pipelined_steps.PipelinedExecutor.execute_model,
                      sample_tokens=pipelined_steps.PipelinedExecutor.sample_tokens)
-        bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype, args.async_too)
+        bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype, args.async_too,
+              args.before_too, args.sched_ab)
     else:
-        stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util)
+        stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util,
+              args.prefill_json, args.save_gib)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import logging
 import numbers
 import os
 import re
+import sys
 
 from speculators_compat.errors import InvalidInputError
 from speculators_compat.registry import Kind, Patch, Probe, Side
@@ -56,14 +57,21 @@ from .._ranges import SPECULATORS_ALL
 log = logging.getLogger("speculators_compat")
 
 
+#: the type of a plain token id (``set(map(type, seq))`` of a valid list is this, or empty)
+_PLAIN_INT = frozenset({int})
+
+
 def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _sequence(i, seq):
-    import torch
+def _torch():
+    """torch if it is imported (a tensor can only come from an imported torch), else None."""
+    return sys.modules.get("torch")
 
-    if isinstance(seq, torch.Tensor):
+
+def _sequence(i, seq, torch):
+    if torch is not None and isinstance(seq, torch.Tensor):
         if seq.ndim != 1 or seq.is_floating_point() or seq.is_complex() or seq.dtype == torch.bool:
             raise InvalidInputError(f"sequence {i}: expected a 1-D integer tensor, got {seq.dtype} of shape {tuple(seq.shape)}")
         return seq.tolist()
@@ -73,6 +81,10 @@ def _sequence(i, seq):
         return seq.tolist()
     if not isinstance(seq, (list, tuple)):
         raise InvalidInputError(f"sequence {i}: expected a list of token ids, got {type(seq).__name__}")
+    # the common case first, at C speed: every token exactly an int (a bool or a numpy integer
+    # is a different type, and is judged one by one below)
+    if set(map(type, seq)) <= _PLAIN_INT:
+        return list(seq)
     if not all(_is_int(t) for t in seq):
         bad = next(t for t in seq if not _is_int(t))
         raise InvalidInputError(f"sequence {i}: token {bad!r} ({type(bad).__name__}) is not an integer token id")
@@ -81,9 +93,8 @@ def _sequence(i, seq):
 
 def normalize(token_ids, vocab_size: int, max_len: int) -> list[list[int]]:
     """Validate ``token_ids`` and return them as a list of lists of ints."""
-    import torch
-
-    if isinstance(token_ids, torch.Tensor):
+    torch = _torch()
+    if torch is not None and isinstance(token_ids, torch.Tensor):
         if token_ids.ndim != 2:
             raise InvalidInputError(f"token_ids tensor must be 2-D [batch, seq_len], got shape {tuple(token_ids.shape)}")
         token_ids = list(token_ids)
@@ -93,7 +104,7 @@ def normalize(token_ids, vocab_size: int, max_len: int) -> list[list[int]]:
         raise InvalidInputError("token_ids is an empty batch: give at least one sequence")
     out = []
     for i, seq in enumerate(token_ids):
-        ids = _sequence(i, seq)
+        ids = _sequence(i, seq, torch)
         if not ids:
             raise InvalidInputError(f"sequence {i} is empty: every sequence needs at least one token")
         low, high = min(ids), max(ids)

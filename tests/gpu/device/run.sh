@@ -23,6 +23,14 @@
 #             + $OUT/logs.tar.gz. RUNNER_ARGS adds options (default: --parallel when 2 GPUs);
 #             the budget is what is left of 570 s since this script started (BUDGET overrides)
 #   tests-tp1 | tests-tp2 | tests-perf   one phase only (for a call after a partial run)
+#   bench-models  benchmarks/gpu_extract.py build: the random bf16 Llamas "1.2B" and "8B" under $BM
+#             (/tmp/g016/bm; transformers 4.57 as for prepare; no vLLM needed, so it runs in call 1)
+#   bench     benchmarks/gpu_extract.py bench on each of $BENCH_MODELS (llama-1b llama-8b): vLLM's
+#             eager prefill, the generator as installed and its steps alone, 3 rotated rounds ->
+#             $OUT/bench-<model>.json (also kept in $BM for `stock`); BENCH_ARGS adds options
+#   stock     benchmarks/gpu_extract.py stock on llama-8b: the stock script through `speculators-compat
+#             run`, $STOCK_CALLS (50) calls of 16 x 1024 tokens saved to /tmp/stock, against the disk's
+#             and the save path's bandwidth and the bench's prefill -> $OUT/stock-llama-8b.json
 #   smoke     tests/gpu/device/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
 set -o pipefail
 SITE=${SITE:-/tmp/site}; PARTS=${PARTS:-/tmp/parts}   # overridable for a dry run elsewhere
@@ -40,9 +48,14 @@ export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$RUN_PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 G016_ROOT=${G016_ROOT:-/tmp/g016}
-# a validation run on CUDA: the patches apply on a release the CPU matrix may not have recorded
-# yet; the runner writes what applied as $OUT/validation-run.json (tests/matrix.py record merges it)
-export SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-$G016_ROOT/record}
+# The patches decide as for any user. RECORD=1 makes this a validation run on CUDA
+# (SPECULATORS_COMPAT_RECORD=$G016_ROOT/record, or the folder you set): patches apply on a release
+# no validation run recorded yet (before it is recorded, the performance patches are left off
+# there: `bench` then names them in missing_features). The runner writes what applied as
+# $OUT/validation-run.json either way (tests/matrix.py record merges it).
+if [ "${RECORD:-0}" = 1 ]; then export SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-$G016_ROOT/record}; fi
+echo "SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-(unset)}"
+BM=${BM:-$G016_ROOT/bm}; BENCH_MODELS=${BENCH_MODELS:-llama-1b llama-8b}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" "$SITE" "$G016_ROOT"
 T_START=$(date +%s)
 step() { echo "=== $1 (t=$(( $(date +%s) - T_START ))s)"; }
@@ -110,6 +123,23 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
   tests-tp1)  runner --phase tp1 ;;
   tests-tp2)  runner --phase tp2 ;;
   tests-perf) runner --phase perf ;;
+  bench-models)
+    ( cd /tmp && PYTHONPATH=$SITE_TF4:$SITE python3 "$OLDPWD/benchmarks/gpu_extract.py" build "$BM" $BENCH_MODELS ) 2>&1 | tail -3
+    ls "$BM" ;;
+  bench)
+    for m in $BENCH_MODELS; do
+      timeout ${TMO_BENCH:-280} python3 benchmarks/gpu_extract.py bench "$BM/$m" --out "$BM/bench-$m.json" ${BENCH_ARGS-} \
+        > "$OUT/bench-$m.log" 2>&1; echo "bench $m rc=$? (t=$(( $(date +%s) - T_START ))s)"
+      cp "$BM/bench-$m.json" "$OUT/" 2>/dev/null
+      grep -E "^WARNING: not applied|^\{" "$OUT/bench-$m.log" | cut -c1-1500 | tail -2
+    done ;;
+  stock)
+    m=${STOCK_MODEL:-llama-8b}
+    timeout ${TMO_STOCK:-290} python3 benchmarks/gpu_extract.py stock "$BM/$m" --out "$BM/stock-$m.json" \
+      --calls ${STOCK_CALLS:-50} --batch 16 --disk ${STOCK_DISK:-/tmp/stock} --prefill-json "$BM/bench-$m.json" ${STOCK_ARGS-} \
+      > "$OUT/stock-$m.log" 2>&1; echo "stock $m rc=$?"
+    cp "$BM/stock-$m.json" "$OUT/" 2>/dev/null; rm -rf "${STOCK_DISK:-/tmp/stock}/out"
+    grep -E "^\{" "$OUT/stock-$m.log" | cut -c1-1800 | tail -1 ;;
   tf5)
     # the image's own transformers 5.x (no 4.57 ahead on the path): import speculators 0.3.0 through the
     # tf5-* patches, then one extraction (models and references were built on 4.57 by prepare)
