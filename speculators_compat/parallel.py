@@ -194,13 +194,16 @@ def main(k: int, base: shards.Shard | None, argv: list[str]) -> int:
     readers: list[threading.Thread] = []
     try:
         for child in children:
+            if stopping["signal"] is not None:  # interrupted while starting: start no more
+                child.code = 128 + int(stopping["signal"])
+                continue
             env = dict(os.environ)
             if child.gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(child.gpus)
             cmd = [sys.executable, "-m", "speculators_compat.run", "--shard", child.shard.label, *argv]
             child.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           start_new_session=True, preexec_fn=_die_with_parent)
-        for child in children:
+        for child in (c for c in children if c.proc is not None):
             prefix = f"[shard {child.shard.label}] ".encode()
             readers += [_Prefixer(child.proc.stdout, sys.stdout.buffer, prefix, lock_out),
                         _Prefixer(child.proc.stderr, sys.stderr.buffer, prefix, lock_err)]

@@ -180,7 +180,10 @@ def _shard_for(script: str, found, explicit):
     refused for a script that cannot be sharded; a launcher's environment is then ignored."""
     from . import resume, shards
 
-    shard = explicit or shards.from_environment()
+    try:
+        shard = explicit or shards.from_environment()
+    except shards.ShardError as exc:
+        raise resume.OutputFolderError(f"the launcher's environment names no shard: {exc}") from None
     if shard is None or shard.count == 1:
         return None
     if found is not None:

@@ -40,9 +40,6 @@ from . import atomic, ptfile, resume, shards
 
 __all__ = ["Finding", "Report", "verify", "main"]
 
-USAGE = "usage: speculators-compat verify OUTPUT_DIR [--full] [--expect N] [--json]"
-
-
 @dataclass
 class Finding:
     kind: str
@@ -294,28 +291,22 @@ def render(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    full = "--full" in argv
-    as_json = "--json" in argv
-    rest = [a for a in argv if a not in ("--full", "--json")]
-    expect = None
-    if "--expect" in rest:
-        i = rest.index("--expect")
-        value = rest[i + 1] if i + 1 < len(rest) else ""
-        if not value.isdigit():
-            print(USAGE, file=sys.stderr)
-            return 2
-        expect = int(value)
-        del rest[i:i + 2]
-    if len(rest) != 1 or rest[0].startswith("-"):
-        print(USAGE, file=sys.stderr if rest != ["-h"] and rest != ["--help"] else sys.stdout)
-        return 0 if rest in (["-h"], ["--help"]) else 2
-    folder = Path(rest[0])
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="speculators-compat verify", description=(
+        "Check that an offline data-generation output folder holds every sample of the dataset exactly "
+        "once, each file complete and laid out like the others. Exit code 0 only when it does."))
+    parser.add_argument("folder", help="the script's --output-dir")
+    parser.add_argument("--full", action="store_true", help="also load every file with torch (slower)")
+    parser.add_argument("--expect", type=int, default=None, metavar="N", help="the dataset's length, if known")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    folder = Path(args.folder)
     if not folder.is_dir():
         print(f"speculators-compat verify: no such folder: {folder}", file=sys.stderr)
         return 2
-    report = verify(folder, full=full, expect=expect)
-    print(json.dumps(report.to_json(), indent=2) if as_json else render(report))
+    report = verify(folder, full=args.full, expect=args.expect)
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return 0 if report.complete else 1
 
 

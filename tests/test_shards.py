@@ -315,13 +315,12 @@ def test_data_parallel_shards_give_one_process_folder(data, one, tmp_path):
 
 def test_a_dead_shard_stops_the_others_and_is_named(data, tmp_path):
     out = tmp_path / "out"
-    started = time.monotonic()
+    # shard 1 (data_12 .. data_22) dies before data_14; shard 0 (12 samples, 1 s each) is still running
     rc, text = run(data, out, "--data-parallel", "2", extra=["--batch-size", "1", "--delay", "1", "--die-at", "14"])
     assert rc == 3, text
     line = next(ln for ln in text.splitlines() if "data parallel: shard" in ln)
     assert "shard 1/2 (pid" in line and "exited with code 3; stopped the other shards: shard 0/2" in line, line
     assert "exited with code 143" in line and "Run the same command again to resume" in line, line
-    assert time.monotonic() - started < 12  # shard 0 (12 samples, 1 s each) did not run to its end
     rc, text = run(data, out, "--data-parallel", "2")
     assert rc == 0, text
     assert verify.verify(out).complete
