@@ -248,7 +248,8 @@ def scan(
     def owns(index: int) -> bool:
         if span is None:
             return True
-        return start <= index < end or (index < 0 and start == 0) or (total is not None and index >= total and end == total)
+        first, last = start == 0, total is not None and end == total
+        return start <= index < end or (first and index < 0) or (last and index >= total)
 
     names = sorted(os.listdir(folder))
     present = set(names)
@@ -290,15 +291,17 @@ def scan(
                 plan.set_aside[samples[k]] = (
                     f"{CONFIG} {why}: regenerated so that the run finishes and writes its config"
                 )
-    elif plan.config_present:
-        why = check_config(config, total) if k == end else f"present while data_{k}.pt is missing"
-        if why is not None:
-            plan.set_aside[CONFIG] = f"{why}: the dataset is not complete"
-    elif k == end > start and all(f"data_{i}.pt" in present for i in range(total or 0)):
-        k -= 1
-        plan.set_aside[samples[k]] = (
-            f"{CONFIG} missing while every sample is there: regenerated so that this shard writes it"
-        )
+    else:
+        why = "missing"
+        if plan.config_present:
+            why = check_config(config, total) if k == end else f"present while data_{k}.pt is missing"
+            if why is not None:
+                plan.set_aside[CONFIG] = f"{why}: the dataset is not complete" if k < end else why
+        if why is not None and k == end > start and all(f"data_{i}.pt" in present for i in range(total or 0)):
+            k -= 1
+            plan.set_aside[samples[k]] = (
+                f"{CONFIG} {why} while every sample is there: regenerated so that this shard writes it"
+            )
     plan.resume_at = k
     lengths = folder / SAMPLE_LENGTHS
     if span is None and lengths.exists():

@@ -171,7 +171,8 @@ class _State:
     # -- speculators 0.4: sample_lengths.json ------------------------------------------------------
 
     def _open(self, file, *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == os.path.realpath(self.folder / SAMPLE_LENGTHS):
+        shared = os.path.realpath(self.folder / SAMPLE_LENGTHS)
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == shared:
             file = _private_lengths(self.folder, self.shard.index)
         return builtins.open(file, *args, **kwargs)
 
@@ -185,7 +186,8 @@ class _State:
             except (OSError, UnicodeDecodeError, ValueError):
                 continue
             if isinstance(part, dict):
-                merged.update({k: v for k, v in part.items() if k.isdigit() and int(k) < self.total and isinstance(v, int)})
+                merged.update({k: v for k, v in part.items()
+                               if k.isdigit() and int(k) < self.total and isinstance(v, int)})
         ordered = {str(i): merged[str(i)] for i in range(self.total) if str(i) in merged}
         atomic.write_text(self.folder / SAMPLE_LENGTHS, json.dumps(ordered, indent=2))
         added = resume.rebuild_lengths(self.folder, self.total)

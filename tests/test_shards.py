@@ -150,6 +150,10 @@ def test_the_config_belongs_to_the_shard_that_completes_the_dataset(tmp_path):
     plan = resume.scan(out, span=(5, 12), total=12, shard="1/2")
     assert plan.resume_at == 11 and "regenerated so that this shard writes it" in plan.set_aside["data_11.pt"]
     # a config while the block has a hole claims a complete dataset: it goes
+    (out / "data_config.json").write_text(json.dumps({"data": {"num_samples": 11}}))  # another dataset's
+    plan = resume.scan(out, span=(5, 12), total=12, shard="1/2")
+    assert plan.set_aside["data_config.json"] == "describes 11 samples, 12 are complete"
+    assert plan.resume_at == 11 and "data_11.pt" in plan.set_aside
     (out / "data_config.json").write_text(json.dumps({"data": {"num_samples": 12}}))
     assert resume.scan(out, span=(5, 12), total=12, shard="1/2").set_aside == {}
     (out / "data_7.pt").unlink()
