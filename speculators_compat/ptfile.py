@@ -8,7 +8,7 @@ storage. :func:`read` unpickles ``data.pkl`` alone, with nothing but those calls
 other global is refused, nothing is executed), and returns the object with each tensor replaced
 by a :class:`TensorMeta`; then it checks that every storage's record is there with the size its
 dtype and element count give, and that every tensor lies inside its storage. A sample file is
-a few kilobytes of pickle however large its states: checking 100k files reads megabytes.
+a few kilobytes of pickle and zip directory however large its states.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ What it checks, and what each finding is called:
   dataset -- has not finished), unreadable, or disagreeing with the other records.
 
 By default only each file's metadata is read: its zip directory and its pickle, never the
-states (seconds for 100k samples). ``--full`` also loads every file with ``torch.load`` and
-checks that its states are finite. Exit code 0 only when nothing was found; 1 otherwise; 2 when
+states (20,000 samples of 4 layers in 8-12 s on 2 busy CPU cores). ``--full`` also loads every
+file with ``torch.load`` and checks that its states are finite. Exit code 0 only when nothing was found; 1 otherwise; 2 when
 the folder does not exist.
 """
 
