@@ -18,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
+import matrix
 from speculators_compat import parallel, resume, shards, verify
+
+# no vLLM needed: the unit tests and the full suites run them, not every release of the matrix
+pytestmark = matrix.suite_is("full")
 
 HERE = Path(__file__).parent
 SCRIPT = str(HERE / "fake_datagen.py")

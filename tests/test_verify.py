@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 
 import fake_pt
+import matrix
 from speculators_compat import ptfile, verify
+
+# no vLLM needed: the unit tests and the full suites run them, not every release of the matrix
+pytestmark = matrix.suite_is("full")
 
 N = 12
 
