@@ -1,10 +1,13 @@
-"""``speculators-compat`` console script: ``check``, ``demo`` and ``run`` subcommands."""
+"""``speculators-compat`` console script: ``check``, ``demo``, ``run`` and ``verify`` subcommands."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = "usage: speculators-compat {check [--json] [--deep] | demo [--tp N] | run SCRIPT [ARGS...]}"
+USAGE = (
+    "usage: speculators-compat {check [--json] [--deep] | demo [--tp N] "
+    "| run [--shard I/N] [--data-parallel K] SCRIPT [ARGS...] | verify OUTPUT_DIR [--full] [--expect N] [--json]}"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         from .run import main as run
 
         return run(rest)
+    if cmd == "verify":
+        from .verify import main as verify
+
+        return verify(rest)
     if cmd == "demo":
         from .demo import main as demo
 

@@ -94,10 +94,11 @@ def unlink_untracked(names) -> list[str]:
 
 
 class Recorder:
-    """Keeps ``<folder>/.speculators-compat-shm`` listing the segments this run maps."""
+    """Keeps ``<folder>/.speculators-compat-shm`` listing the segments this run maps (a shard of a
+    sharded run keeps its own record, ``record``: the shards run at once)."""
 
-    def __init__(self, folder: str | os.PathLike, interval: float = 0.5) -> None:
-        self.path = Path(folder) / RECORD
+    def __init__(self, folder: str | os.PathLike, interval: float = 0.5, record: str = RECORD) -> None:
+        self.path = Path(folder) / record
         self.interval = interval
         self.names: set[str] = set()
         self._stop = threading.Event()
@@ -132,9 +133,9 @@ class Recorder:
             pass
 
 
-def clean(folder: str | os.PathLike) -> list[str]:
-    """Unlink the segments a killed run recorded in ``folder``; returns their names."""
-    path = Path(folder) / RECORD
+def clean(folder: str | os.PathLike, record: str = RECORD) -> list[str]:
+    """Unlink the segments a killed run recorded in ``folder`` (in ``record``); returns their names."""
+    path = Path(folder) / record
     try:
         names = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -40,7 +40,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import atomic, leftovers
+from . import atomic, leftovers, ptfile, shards
 
 __all__ = [
     "StockScript",
@@ -188,21 +188,36 @@ def check_config(path: Path, kept: int) -> str | None:
 
 @dataclass
 class Plan:
-    """What :func:`scan` decided for one folder."""
+    """What :func:`scan` decided for one folder (or for one shard's block of it)."""
 
     folder: Path
-    #: the first index to (re)generate: every ``data_<i>.pt`` below it is complete
+    #: the first index to (re)generate: every ``data_<i>.pt`` below it (from ``span[0]``) is complete
     resume_at: int = 0
     #: file name -> why it is set aside
     set_aside: dict[str, str] = field(default_factory=dict)
     config_present: bool = False
+    #: a shard's block ``[start, end)`` of the dataset and the dataset's length; ``None``: the whole folder
+    span: tuple[int, int] | None = None
+    total: int | None = None
+    #: the shard (``"I/N"``) the plan is for, in the log line and the set-aside folder's name
+    shard: str = ""
+
+    @property
+    def start(self) -> int:
+        return self.span[0] if self.span else 0
 
     @property
     def kept(self) -> int:
-        return self.resume_at
+        return self.resume_at - self.start
 
 
-def scan(folder: str | os.PathLike, workers: int = 8) -> Plan:
+def scan(
+    folder: str | os.PathLike,
+    workers: int = 8,
+    span: tuple[int, int] | None = None,
+    total: int | None = None,
+    shard: str = "",
+) -> Plan:
     """Decide where a run in ``folder`` must resume and what must be moved aside; changes nothing.
 
     * the first index that is missing or unreadable is where the run resumes; every sample
@@ -214,49 +229,82 @@ def scan(folder: str | os.PathLike, workers: int = 8) -> Plan:
       script, which writes its config only after generating, runs again and writes it
       (otherwise a run killed after its last sample but before its config would be "done"
       with no config forever).
+
+    With ``span`` (a shard's block ``[start, end)`` of a dataset of ``total`` samples) only the
+    files of that block are considered -- other shards, maybe running, own the rest; the first
+    shard also owns misread names below 0, the last one every index from ``total`` on. The
+    config is written by the shard that completes the dataset: it is set aside when this block
+    has a hole, and when it is missing while every sample of the dataset is there, the block's
+    last sample is regenerated so that its shard writes it.
     """
     folder = Path(folder)
-    plan = Plan(folder)
+    plan = Plan(folder, span=span, total=total, shard=shard)
+    start, end = span if span else (0, None)
+    if span:
+        plan.resume_at = start
     if not folder.is_dir():
         return plan
+
+    def owns(index: int) -> bool:
+        if span is None:
+            return True
+        first, last = start == 0, total is not None and end == total
+        return start <= index < end or (first and index < 0) or (last and index >= total)
+
     names = sorted(os.listdir(folder))
+    present = set(names)
     samples: dict[int, str] = {}
     for name in names:
-        if atomic.is_temporary(name):
-            plan.set_aside[name] = "temporary file of an interrupted write"
+        temporary = atomic.TEMP_RE.match(name)
+        if temporary:
+            index = stock_index(temporary.group("final"))
+            if span is None or (index is not None and owns(index)):
+                plan.set_aside[name] = "temporary file of an interrupted write"
             continue
         index = stock_index(name)
-        if index is None:
+        if index is None or not owns(index):
             continue
         if name != f"data_{index}.pt" or index < 0:
             plan.set_aside[name] = f"not a data_<i>.pt name the stock resume reads correctly (read as {index})"
             continue
         samples[index] = name
     problems = _check_all(folder, samples, workers)
-    k = 0
-    while k in samples and k not in problems:
+    k = start
+    while k in samples and k not in problems and (end is None or k < end):
         k += 1
     for index in sorted(samples):
         if index < k:
             continue
         if index in problems:
             plan.set_aside[samples[index]] = problems[index]
-        elif index > k:
+        elif index > k or (end is not None and index >= end):
             plan.set_aside[samples[index]] = f"{BEYOND} ({k})"
     config = folder / CONFIG
     plan.config_present = config.exists()
-    if k > 0:
-        why = check_config(config, k) if plan.config_present else "missing"
-        if why is not None:
-            if plan.config_present:
-                plan.set_aside[CONFIG] = f"{why}: the previous run did not finish"
+    if span is None:
+        if k > 0:
+            why = check_config(config, k) if plan.config_present else "missing"
+            if why is not None:
+                if plan.config_present:
+                    plan.set_aside[CONFIG] = f"{why}: the previous run did not finish"
+                k -= 1
+                plan.set_aside[samples[k]] = (
+                    f"{CONFIG} {why}: regenerated so that the run finishes and writes its config"
+                )
+    else:
+        why = "missing"
+        if plan.config_present:
+            why = check_config(config, total) if k == end else f"present while data_{k}.pt is missing"
+            if why is not None:
+                plan.set_aside[CONFIG] = f"{why}: the dataset is not complete" if k < end else why
+        if why is not None and k == end > start and all(f"data_{i}.pt" in present for i in range(total or 0)):
             k -= 1
             plan.set_aside[samples[k]] = (
-                f"{CONFIG} {why}: regenerated so that the run finishes and writes its config"
+                f"{CONFIG} {why} while every sample is there: regenerated so that this shard writes it"
             )
     plan.resume_at = k
     lengths = folder / SAMPLE_LENGTHS
-    if lengths.exists():
+    if span is None and lengths.exists():
         try:
             json.loads(lengths.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -280,34 +328,56 @@ def _check_all(folder: Path, samples: dict[int, str], workers: int) -> dict[int,
 _locks: dict[str, int] = {}
 
 
-def lock(folder: Path) -> None:
-    """Hold an exclusive ``flock`` on the folder for the life of this process (released by
-    the kernel however the process ends): a second run on the same folder is refused."""
+def lock(folder: Path, shard: str = "") -> None:
+    """Hold a ``flock`` on the folder for the life of this process (released by the kernel
+    however the process ends): a second run on the same folder is refused. A shard (``"I/N"``)
+    holds the folder's lock shared, with its other shards, and an exclusive lock of its own
+    (``.speculators-compat-shards/shard-<I>.lock``): a second process on the same shard, and a
+    run that is not sharded, are refused."""
+    if not shard:
+        _flock(folder, exclusive=True, refusal=(
+            f"{folder} is in use by another run, or by the shards of a sharded run (it holds the "
+            "folder's lock): two runs writing the same output folder would overwrite and set aside "
+            "each other's files. Wait for it to end, or use another --output-dir."
+        ))
+        return
+    _flock(folder, exclusive=False, refusal=(
+        f"{folder} is in use by a run that is not sharded (it holds the folder's lock): a shard "
+        f"would write the samples that run writes. Wait for it to end."
+    ))
+    index = shard.split("/")[0]
+    state = folder / shards.STATE_DIR
+    state.mkdir(exist_ok=True)
+    _flock(state / f"shard-{index}.lock", exclusive=True, refusal=(
+        f"shard {shard} of {folder} is being run by another process (it holds the shard's lock): two "
+        "processes on one shard would write the same samples. Each process of a sharded run needs "
+        "its own shard (--shard I/N, or the launcher's RANK / SLURM_PROCID)."
+    ))
+
+
+def _flock(path: Path, exclusive: bool, refusal: str) -> None:
     import fcntl
 
-    key = str(folder.resolve())
+    key = f"{path.resolve()}:{'ex' if exclusive else 'sh'}"
     if key in _locks:
         return
-    fd = os.open(folder, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY) if path.is_dir() else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise OutputFolderError(
-            f"{folder} is in use by another run (it holds the folder's lock): two runs writing "
-            "the same output folder would overwrite and set aside each other's files. Wait for "
-            "it to end, or use another --output-dir."
-        ) from None
+        raise OutputFolderError(refusal) from None
     except OSError as exc:  # a file system without flock (some NFS mounts): go on unlocked
         os.close(fd)
-        _log().debug("cannot lock %s (%s): a second run on it would not be refused", folder, exc)
+        _log().debug("cannot lock %s (%s): a second run on it would not be refused", path, exc)
         return
     _locks[key] = fd
 
 
-def set_aside_folder(folder: Path) -> Path:
+def set_aside_folder(folder: Path, shard: str = "") -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return folder.parent / f"{folder.name}{SET_ASIDE_SUFFIX}" / f"{stamp}-{os.getpid()}"
+    tag = f"-shard{shard.replace('/', 'of')}" if shard else ""
+    return folder.parent / f"{folder.name}{SET_ASIDE_SUFFIX}" / f"{stamp}-{os.getpid()}{tag}"
 
 
 def apply_plan(plan: Plan) -> Path | None:
@@ -315,7 +385,7 @@ def apply_plan(plan: Plan) -> Path | None:
     simply redone by the next run) and write the manifest; returns where they went."""
     if not plan.set_aside:
         return None
-    dest = set_aside_folder(plan.folder)
+    dest = set_aside_folder(plan.folder, plan.shard)
     try:
         dest.mkdir(parents=True, exist_ok=False)
     except OSError as exc:
@@ -341,13 +411,21 @@ def apply_plan(plan: Plan) -> Path | None:
 
 
 def describe(plan: Plan, dest: Path | None) -> str:
-    """The one log line of :func:`prepare`."""
-    if plan.resume_at == 0 and not plan.set_aside:
-        return f"output folder {plan.folder}: no complete sample yet, the run starts at data_0.pt"
-    kept = "no complete sample" if plan.resume_at == 0 else (
-        f"kept data_0.pt .. data_{plan.resume_at - 1}.pt ({plan.resume_at} complete samples)"
+    """The one log line of :func:`prepare` (and of a shard's preparation)."""
+    where = f"output folder {plan.folder}"
+    start = plan.start
+    if plan.span is not None:
+        end = plan.span[1]
+        block = f"data_{start}.pt .. data_{end - 1}.pt" if end > start else "no sample (more shards than samples)"
+        where += f", shard {plan.shard} of {plan.total} samples ({block})"
+        if plan.resume_at == end and not plan.set_aside:
+            return f"{where}: every sample of the shard is there, nothing to do"
+    if plan.resume_at == start and not plan.set_aside:
+        return f"{where}: no complete sample yet, the run starts at data_{start}.pt"
+    kept = "no complete sample" if plan.kept == 0 else (
+        f"kept data_{start}.pt .. data_{plan.resume_at - 1}.pt ({plan.kept} complete samples)"
     )
-    head = f"output folder {plan.folder}: resuming at data_{plan.resume_at}.pt; {kept}"
+    head = f"{where}: resuming at data_{plan.resume_at}.pt; {kept}"
     if not plan.set_aside:
         return head + "; nothing set aside"
     return f"{head}; set aside {len(plan.set_aside)} file(s) to {dest}: {summarize(plan.set_aside)} (reasons in MANIFEST.txt)"
@@ -390,8 +468,9 @@ def rebuild_lengths(folder: Path, kept: int) -> int:
     loads it and adds the new samples. A run killed before the end never wrote it, so the
     resumed run's file lacks every sample of the killed run (the trainer then falls back to
     lengths estimated from file sizes). The missing entries are read from the kept files
-    (``input_ids`` only, memory-mapped); entries from the resume point on are dropped (the
-    run writes them again). Returns how many entries were added."""
+    (the shape of ``input_ids``, from the archive's pickle: no tensor is loaded); entries from
+    the resume point on are dropped (the run writes them again). Returns how many entries
+    were added."""
     path = folder / SAMPLE_LENGTHS
     try:
         current = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
@@ -403,11 +482,8 @@ def rebuild_lengths(folder: Path, kept: int) -> int:
     stale = [key for key in current if not (key.isdigit() and int(key) < kept)]
     if not missing and not stale:
         return 0
-    import torch
-
     for i in missing:
-        data = torch.load(folder / f"data_{i}.pt", mmap=True, weights_only=True, map_location="cpu")
-        current[str(i)] = int(data["input_ids"].numel())
+        current[str(i)] = ptfile.read(folder / f"data_{i}.pt")["input_ids"].numel
     for key in stale:
         del current[key]
     ordered = {str(i): current[str(i)] for i in range(kept)}
@@ -434,11 +510,16 @@ def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Pla
     level = 30 if plan.set_aside or removed else 20  # WARNING when something was cleaned up
     _log().log(level, "%s", line)
     atomic.protect(folder)
-    _recorders.append(leftovers.Recorder(folder).start())
+    watch(folder)
     return plan
 
 
 _recorders: list = []
+
+
+def watch(folder: Path, record: str = leftovers.RECORD) -> None:
+    """Record the shared memory this run maps in ``folder``'s ``record`` until :func:`finish`."""
+    _recorders.append(leftovers.Recorder(folder, record=record).start())
 
 
 def finish() -> None:

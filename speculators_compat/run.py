@@ -10,7 +10,7 @@ starts imports ``speculators_compat`` at start-up (its ``sitecustomize``), so a 
 multiprocessing *spawns* -- which re-imports the script before vLLM loads its plugins -- imports
 ``speculators`` with the hooks armed too.
 
-Two more things happen around the script:
+Three more things happen around the script:
 
 * speculators' offline data-generation script (``data_generation_offline.py``, recognised
   from its source by :func:`speculators_compat.resume.recognise`) gets a crash-safe
@@ -24,6 +24,10 @@ Two more things happen around the script:
 * Ctrl-C (SIGINT) and SIGTERM stop the run cleanly: the script unwinds (the stock script
   finishes its pending saves), the vLLM workers of every live generator are shut down, one
   line says so, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+* that script can be run as one shard of several (``--shard I/N``, or the ``RANK`` /
+  ``SLURM_PROCID`` a launcher gives it, see :mod:`speculators_compat.shards`): it extracts its
+  block of the dataset into the shared output folder (:mod:`speculators_compat.sharded`);
+  ``--data-parallel K`` starts K shards on the node's GPU groups (:mod:`speculators_compat.parallel`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ import runpy
 import signal
 import sys
 
-USAGE = "usage: speculators-compat run SCRIPT [ARGS...] | speculators-compat run -m MODULE [ARGS...]"
+USAGE = (
+    "usage: speculators-compat run [--shard I/N] [--data-parallel K] SCRIPT [ARGS...]\n"
+    "       speculators-compat run -m MODULE [ARGS...]"
+)
 
 #: the id that ``SPECULATORS_COMPAT_DISABLE`` takes to leave the output folder alone
 RESUME_ID = "resume"
@@ -92,11 +99,12 @@ def _stock_script(path: str):
     return found
 
 
-def _arm_output_folder(found, patcher) -> None:
-    """Prepare ``--output-dir`` as soon as the script has parsed its arguments."""
+def _arm_output_folder(found, patcher, shard=None) -> None:
+    """Prepare ``--output-dir`` as soon as the script has parsed its arguments (for one shard of
+    the dataset with ``shard``, see :mod:`speculators_compat.sharded`)."""
     import argparse
 
-    from . import resume
+    from . import resume, sharded
 
     state = {"done": False}
 
@@ -106,7 +114,10 @@ def _arm_output_folder(found, patcher) -> None:
         if not state["done"] and isinstance(folder, (str, os.PathLike)):
             state["done"] = True
             _log()  # the runner's lines show even if the script configured no logging
-            resume.prepare(folder, found)
+            if shard is not None:
+                sharded.arm(namespace, found, shard, patcher)
+            else:
+                resume.prepare(folder, found)
         return namespace
 
     patcher.wrap(argparse.ArgumentParser, "parse_args", parse_args)
@@ -144,8 +155,54 @@ def _arm_children() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([p for p in wanted if p not in current] + current)
 
 
-def _run(argv: list[str]) -> int:
+def _options(argv: list[str]) -> tuple[dict, list[str]]:
+    """The runner's own options, before SCRIPT: ``--shard I/N``, ``--data-parallel K``."""
+    options: dict = {}
+    while argv and argv[0].partition("=")[0] in ("--shard", "--data-parallel"):
+        name, eq, value = argv[0].partition("=")
+        if not eq:
+            if len(argv) < 2:
+                raise ValueError(f"{name} needs a value")
+            value, argv = argv[1], argv[2:]
+        else:
+            argv = argv[1:]
+        if name == "--data-parallel":
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ValueError(f"--data-parallel {value!r}: expected a number of shards >= 1")
+            options["data_parallel"] = int(value)
+        else:
+            options["shard"] = value
+    return options, argv
+
+
+def _shard_for(script: str, found, explicit):
+    """The shard this process extracts (``None``: the whole dataset). An explicit ``--shard`` is
+    refused for a script that cannot be sharded; a launcher's environment is then ignored."""
+    from . import resume, shards
+
+    try:
+        shard = explicit or shards.from_environment()
+    except shards.ShardError as exc:
+        raise resume.OutputFolderError(f"the launcher's environment names no shard: {exc}") from None
+    if shard is None or shard.count == 1:
+        return None
+    if found is not None:
+        return shard
+    if _resume_disabled() and resume.recognise(script) is not None:
+        why = f"SPECULATORS_COMPAT_DISABLE={RESUME_ID} leaves the output folder, and with it the sharding, alone"
+    else:
+        why = "only speculators' data_generation_offline.py (0.3.0 / 0.4.x) can be sharded"
+    if explicit is None:
+        _log().warning("%s: not sharded (%s); the script runs on the whole dataset", shard.describe(), why)
+        return None
+    raise resume.OutputFolderError(f"{shard.describe()} for {script}: {why}")
+
+
+def _run(argv: list[str], explicit=None) -> int:
     if argv[0] == "-m":
+        if explicit is not None and explicit.count > 1:
+            print("speculators-compat run: --shard needs a SCRIPT, not -m MODULE", file=sys.stderr)
+            return 2
         if len(argv) < 2:
             print(USAGE, file=sys.stderr)
             return 2
@@ -160,8 +217,15 @@ def _run(argv: list[str]) -> int:
 
     patcher = Patcher()
     found = _stock_script(script)
+    shard = _shard_for(script, found, explicit)
+    if shard is not None:
+        from . import parallel
+
+        narrowed = parallel.narrow_to_local_rank() if shard.launcher == "torch" else None
+        if narrowed is not None:
+            _log().info("%s: CUDA_VISIBLE_DEVICES=%s (its share of the node's GPUs)", shard.describe(), narrowed)
     if found is not None:
-        _arm_output_folder(found, patcher)
+        _arm_output_folder(found, patcher, shard)
     sys.argv = [script, *argv[1:]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
@@ -176,9 +240,34 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
         print(USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
-    import speculators_compat
-
+    from . import shards
     from .resume import OutputFolderError
+
+    try:
+        options, argv = _options(argv)
+        explicit = shards.parse(options["shard"]) if "shard" in options else None
+    except (ValueError, shards.ShardError) as exc:
+        print(f"speculators-compat run: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    if "data_parallel" in options:
+        from . import parallel, resume
+
+        _log()
+        found = resume.recognise(argv[0]) if argv[0] != "-m" and not _resume_disabled() else None
+        if found is None or not found.known:
+            print("speculators-compat run: --data-parallel runs speculators' data_generation_offline.py "
+                  f"(0.3.0 / 0.4.x) as shards; {argv[0]} is not that script", file=sys.stderr)
+            return 2
+        try:
+            return parallel.main(options["data_parallel"], explicit or shards.from_environment(), argv)
+        except shards.ShardError as exc:
+            print(f"speculators-compat run: {exc}", file=sys.stderr)
+            return 2
+
+    import speculators_compat
 
     speculators_compat.apply()
     _arm_children()
@@ -190,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        return _run(argv)
+        return _run(argv, explicit)
     except KeyboardInterrupt:
         return _stop("SIGINT (Ctrl-C)", 130)
     except Terminated:

@@ -13,7 +13,10 @@ tiny local Llama, in its own session (process group), and killed the ways real r
   same state under the stock code alone, which keeps the hole and the truncated file;
 * SIGKILL of one vLLM worker during a call, and Ctrl-C (SIGINT) during a call, at TP=1 and
   TP=2: a clear error naming the worker within 30 s (resp. the shutdown line and exit code
-  130), no process of the run left, no shared-memory segment of the run left in /dev/shm.
+  130), no process of the run left, no shared-memory segment of the run left in /dev/shm;
+* two shards of one run on one folder, as torchrun and srun start them, one SIGKILLed and
+  resumed by ``--data-parallel 2``: the folder equals a clean run's, ``verify`` passes on it and
+  names a hole, a duplicate and a truncated file in a damaged copy.
 
 The script is ``tests/stock_datagen.py`` (a stand-in that reproduces the real script's save
 and resume code; the real one is not in the speculators wheel). With
@@ -250,7 +253,9 @@ def assert_same_dataset(out: Path, clean: Path, n: int = N_SAMPLES) -> float:
     import torch
 
     assert samples(out) == [f"data_{i}.pt" for i in range(n)], samples(out)
-    assert not [p for p in out.iterdir() if p.name.startswith(".")], "temporary files left in the output folder"
+    # a sharded run keeps its locks in .speculators-compat-shards (no *pt file: the trainer ignores it)
+    assert not [p for p in out.iterdir() if p.name.startswith(".") and p.name != ".speculators-compat-shards"], \
+        "temporary files left in the output folder"
     config = json.loads((out / "data_config.json").read_text())
     assert config["data"]["num_samples"] == n
     if (clean / "sample_lengths.json").exists():  # the speculators 0.4 script
@@ -452,3 +457,66 @@ def test_ctrl_c_mid_call_stops_cleanly_with_exit_code_130(setup, tmp_path, tp):
     assert "Traceback" not in text, text[-4000:]
     assert procs == [] and shm == [], (procs, shm)
     print(f"TP={tp}: exit 130 {seconds:.1f} s after SIGINT; {line[-200:]}")
+
+
+# -- shards of one run -------------------------------------------------------------------------
+
+
+# TP=2 shards (4 vLLM workers at once) only on request: on 2 cores they take minutes
+SHARD_TPS = [1] + ([2] if 2 in TPS and os.environ.get("SPECULATORS_COMPAT_SHARDS_TP2") else [])
+
+
+@pytest.mark.parametrize("tp", SHARD_TPS)
+def test_two_shards_one_killed_and_resumed_equal_a_clean_run(setup, clean, tmp_path, tp):
+    """Shard 0 as torchrun starts it (RANK / WORLD_SIZE) and shard 1 as an srun step does
+    (SLURM_PROCID / SLURM_NTASKS), at once on one folder; shard 1 is SIGKILLed after a few files
+    of its block, then ``--data-parallel 2`` completes the run (shard 0's block is complete: it
+    starts no engine). ``SPECULATORS_COMPAT_SHARDS_TP2=1`` adds the same at TP=2."""
+    out = tmp_path / "out"
+    first = Run(command(setup, out, tp=tp), environment(RANK="0", WORLD_SIZE="2"), tmp_path, tmp_path / "shard0.log")
+    second = Run(command(setup, out, tp=tp), environment(SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_NTASKS="2", **SLOW),
+                 tmp_path, tmp_path / "shard1.log")
+    half = N_SAMPLES // 2
+    deadline = time.monotonic() + 900
+    while second.proc.poll() is None and time.monotonic() < deadline and \
+            len([n for n in (samples(out) if out.exists() else []) if int(n[5:-3]) >= half]) < 2 * BATCH:
+        time.sleep(0.05)
+    time.sleep(random.uniform(0, 0.5))
+    killed_at = time.monotonic()
+    second.kill_group()
+    second.finish()
+    second.leftovers(grace=5)
+    assert first.finish() == 0, first.text()[-5000:]
+    assert "shard 0/2 (RANK=0, WORLD_SIZE=2)" in first.text()
+    assert "shard 1/2 (SLURM_PROCID=1, SLURM_NTASKS=2)" in second.text(), second.text()[-3000:]
+    assert not (out / "data_config.json").exists()
+    cmd = command(setup, out, tp=tp)
+    cmd[3:3] = ["--data-parallel", "2"]
+    resumed = Run(cmd, environment(), tmp_path, tmp_path / "resumed.log")
+    assert resumed.finish() == 0, resumed.text()[-5000:]
+    text = resumed.text()
+    assert "[shard 0/2]" in text and "every sample of the shard is there, nothing to do" in text, text[-5000:]
+    assert re.search(rf"\[shard 1/2\].*shard 1/2 of {N_SAMPLES} samples \(data_{half}\.pt \.\. data_"
+                     rf"{N_SAMPLES - 1}\.pt\): resuming at data_\d+\.pt", text), text[-5000:]
+    assert f"completed the dataset ({N_SAMPLES} samples): writing data_config.json" in text
+    worst = assert_same_dataset(out, clean)
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith("pt") and not p.name.startswith(".")) == \
+        sorted(["shards.json"] + [p.name for p in clean.iterdir() if not p.name.endswith("pt")])
+    left = [n for n in second.shm if os.path.exists(f"/dev/shm/{n}") and second.first_seen[n] < killed_at - 1.5]
+    assert left == [], left  # the killed shard's segments were removed when it resumed
+    second.unlink_shm()
+    verify = [sys.executable, "-m", "speculators_compat.verify"]
+    proc = subprocess.run([*verify, str(out), "--full"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("complete: yes"), proc.stdout + proc.stderr
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    (bad / "data_4.pt").unlink()
+    shutil.copy(bad / "data_7.pt", bad / "data_07.pt")
+    blob = (bad / "data_9.pt").read_bytes()
+    (bad / "data_9.pt").write_bytes(blob[: len(blob) // 2])
+    proc = subprocess.run([*verify, str(bad)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for line in ("hole        data_4.pt: index 4 missing", "duplicate   data_7.pt: index 7 is also in data_07.pt",
+                 "unreadable  data_9.pt: not a complete torch.save archive"):
+        assert line in proc.stdout, proc.stdout
+    print(f"TP={tp}: max abs diff against one process {worst:.2g}; damaged copy: {proc.stdout.splitlines()[-1]}")
