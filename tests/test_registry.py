@@ -377,12 +377,13 @@ APPLY_ORDER = {
         "validated-release", "api-inventory", "v1", "v1-prefix-caching", "v1-chunked-prefill",
         "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
         "dtype", "cpu-block-size", "driver-threads", "pipelined-steps", "v5", "stock-calls", "s04-scheduler-loop",
-        "s04-result-order", "results-in-place", "guard-output", "guard-input", "atomic-save", "report",
+        "s04-result-order", "results-in-place", "guard-output", "self-check", "guard-input", "atomic-save", "report",
         "worker-death",
     ],
     WORKER: [
         "v3", "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing",
         "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport",
+        "self-check-reference",
     ],
     SPECULATORS_UTILS: [
         "tf5-config-torch",
