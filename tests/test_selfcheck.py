@@ -145,7 +145,7 @@ def test_worker_compares_the_callers_rows_with_vllms_own_and_catches_faults():
     state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=False)
     g = torch.Generator().manual_seed(1)
     tokens = {"req_0_0": list(range(5)), "req_0_1": list(range(7)), "req_0_2": list(range(3))}
-    plan = selfcheck.Plan({r: (i, len(t), 0, t) for i, (r, t) in enumerate(tokens.items()) if i != 2})
+    plan = selfcheck.Plan({r: (i, len(t), 0) for i, (r, t) in enumerate(tokens.items()) if i != 2})
     state.arm(plan)
     # vLLM lays the step out in its own order (not the input order)
     rows = m.step(state, {"req_0_1": (7, 0), "req_0_2": (3, 0), "req_0_0": (5, 0)}, g)
@@ -158,7 +158,7 @@ def test_worker_compares_the_callers_rows_with_vllms_own_and_catches_faults():
     assert state.plan is None and state.refs == {}
 
     def run(candidates):
-        state.arm(selfcheck.Plan({r: (i, len(t), 0, t) for i, (r, t) in enumerate(tokens.items()) if i != 2}))
+        state.arm(selfcheck.Plan({r: (i, len(t), 0) for i, (r, t) in enumerate(tokens.items()) if i != 2}))
         m.step(state, {"req_0_1": (7, 0), "req_0_2": (3, 0), "req_0_0": (5, 0)}, torch.Generator().manual_seed(1))
         return state.compare(candidates)
 
@@ -180,7 +180,7 @@ def test_worker_capture_of_the_last_layer_follows_the_stock_layout():
     state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
     tokens = [list(range(4)), list(range(6)), list(range(2))]
     starts = [0, 4, 10]
-    plan = selfcheck.Plan({f"req_0_{i}": (i, len(t), starts[i], t) for i, t in enumerate(tokens) if i in (1, 2)})
+    plan = selfcheck.Plan({f"req_0_{i}": (i, len(t), starts[i]) for i, t in enumerate(tokens) if i in (1, 2)})
     state.arm(plan)
     g = torch.Generator().manual_seed(3)
     # two steps, each in input order (what the stock slicing assumes and v1-chunked-prefill keeps)
@@ -203,13 +203,13 @@ def test_worker_reference_of_a_request_split_over_steps_and_missing_positions():
     m = Stand(torch)
     state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
     t = list(range(9))
-    state.arm(selfcheck.Plan({"req_1_0": (0, 9, 0, t)}))
+    state.arm(selfcheck.Plan({"req_1_0": (0, 9, 0)}))
     g = torch.Generator().manual_seed(5)
     m.step(state, {"req_1_0": (5, 0)}, g)  # chunked: positions 0-4, then 5-8
     m.step(state, {"req_1_0": (4, 5)}, g)
     got = state.compare(None)
     assert got[0]["missing"] == 0 and got[0]["worst"] < 1e-5
-    state.arm(selfcheck.Plan({"req_1_0": (0, 9, 0, t)}))
+    state.arm(selfcheck.Plan({"req_1_0": (0, 9, 0)}))
     m.step(state, {"req_1_0": (6, 3)}, torch.Generator().manual_seed(5))  # 3 positions from a cache
     got = state.compare(None)
     assert (got[0]["missing"], got[0]["first_missing"]) == (3, 0)

@@ -115,14 +115,20 @@ def _generate(wrapped, instance, args, kwargs):
         starts.append(at)
         at += len(ids)
     counter = instance._request_counter
-    plan = selfcheck.Plan({f"req_{counter}_{i}": (i, len(seqs[i]), starts[i], seqs[i]) for i in checked}, fault)
+    plan = selfcheck.Plan({f"req_{counter}_{i}": (i, len(seqs[i]), starts[i]) for i in checked}, fault)
     t0 = time.perf_counter()
     replies = executor.collective_rpc(selfcheck.arm, args=(plan,))
     totals.seconds += time.perf_counter() - t0
     if not replies or any(r is None for r in replies):
+        executor.collective_rpc(selfcheck.arm, args=(None,))
+        if full:
+            from speculators_compat.errors import IncompatibleVllmError
+
+            raise IncompatibleVllmError("SPECULATORS_COMPAT_UNVALIDATED=self-check: the workers do not run "
+                                        "self-check-reference (disabled there, or vLLM's runner changed): this "
+                                        "release cannot run under the self-check")
         totals.off = "the workers do not run self-check-reference"
         log.warning("self-check: off, %s", totals.off)
-        executor.collective_rpc(selfcheck.arm, args=(None,))
         return wrapped(*args, **kwargs)
     internal = bool(replies[0]["internal"])
     done = False

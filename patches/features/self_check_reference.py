@@ -5,15 +5,16 @@ and so does the only state no capture code touched: the final hidden state vLLM 
 own next-token (and prompt) log-probs from.
 
 How: ``HiddenStatesWorkerExtension._setup_hidden_states_capture`` is wrapped; after ``v3``'s
-capture hooks it puts a forward hook on the base model, which, while the driver has armed a call,
-copies each checked request's rows of the model's output, found where vLLM's
+capture hooks it puts a forward hook on the base model's final norm (the base model's output; its
+compiled ``__call__`` runs no hooks), which, while the driver has armed a call, copies each
+checked request's rows of that output, found where vLLM's
 ``_get_prompt_logprobs_dict`` finds them (``input_batch.req_id_to_index``,
 ``query_start_loc.np``, the request's ``num_computed_tokens``), and one on the last decoder
 layer (ahead of the capture's), which records that layer's rows of the checked sequences only
 where the caller did not ask for the last layer, cut as the stock code cuts the call's rows. The
-driver's ``collective_rpc`` then hands every rank the caller's rows; each puts them and vLLM's
-own rows through the base model's final norm and the model's ``compute_logits`` (the same on
-every rank: the logits are gathered over vLLM's TP group) and the gathering rank replies with a
+driver's ``collective_rpc`` then hands every rank the caller's rows; each puts them through the
+final norm, then them and vLLM's own (normed) rows through the model's ``compute_logits`` (the
+same on every rank: the logits are gathered over vLLM's TP group) and the gathering rank replies with a
 few numbers per sequence (:mod:`speculators_compat.selfcheck`). Nothing is recorded, and every
 hook returns at once, while no call is armed.
 
