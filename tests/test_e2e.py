@@ -39,6 +39,8 @@ only04 = pytest.mark.skipif(not SPEC04, reason="speculators 0.4.x behaviour")
 suite_is = matrix.suite_is
 ALL_STEPS = ["layers", "start", "mixed", "repeat", "chunked", "leak", "badinput", "overlong", "prefix", "soak"]
 SHAPE_STEPS = ["start", "mixed", "repeat", "chunked", "leak", "prefix"]
+# the self-check's test-only fault switch, armed in the workers (each call picks its fault)
+SELF_CHECK_FAULTS = {"SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT": "none"}
 
 def _probed_new() -> set[str]:
     """The patches whose probe finds their delta on this install (from the sources, as a
@@ -142,12 +144,15 @@ def expected_applied() -> set[str] | None:
 @suite_is("full", "release", "spec04")
 @pytest.mark.parametrize("name", MODELS)
 def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
-    steps = ALL_STEPS if name == "llama" else SHAPE_STEPS
+    steps = [*(ALL_STEPS if name == "llama" else SHAPE_STEPS), "selfcheck"]
     # the Llama's generator is deleted after its steps; the others' are left alive to the exit
     args = () if name == "llama" else ("--exit-shutdown",)
-    report = scenario(build(name), tmp_path, steps=steps, extra_env=MODEL_ENV.get(name), name=name, args=args)
+    report = scenario(build(name), tmp_path, steps=steps, extra_env={**MODEL_ENV.get(name, {}), **SELF_CHECK_FAULTS},
+                      name=name, args=args)
     assert failures(report) == {}
-    assert list(report) == [*steps, "log"]
+    order = [*ALL_STEPS[:ALL_STEPS.index("soak")], "selfcheck", "soak"]  # the scenario's order
+    assert list(report) == [*(s for s in order if s in steps), "log"]
+    assert_self_check(report)
     for step in ("mixed", "chunked", "prefix"):
         assert report[step]["value"] <= 1e-4, step
     assert report["leak"]["value"]["requests"] == [0]
@@ -175,6 +180,43 @@ def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
     assert "InvalidInputError" in layers["not ints"] and "InvalidInputError" in layers["empty"]
 
 
+def self_check_expected() -> bool:
+    """Whether the self-check applies here: a validation run, or a release whose record lists it."""
+    want = expected_applied()
+    return want is None or "self-check" in want
+
+
+def assert_self_check(report, tolerance=None):
+    """The scenario's selfcheck step: correct rows pass, every injected fault is caught (the step
+    itself raises otherwise), and the separation holds with the default threshold's margin."""
+    from speculators_compat import selfcheck
+
+    value = report["selfcheck"]["value"]
+    if not self_check_expected():
+        assert value == "not applied"
+        return value
+    tol = tolerance or selfcheck.DEFAULT_TOLERANCE
+    assert value["totals"]["failed"] and value["totals"]["calls"] >= 9
+    for key, got in value.items():
+        if key == "totals":
+            continue
+        assert got["correct_worst"] <= tol / 3, (key, got)  # correct rows: well below the threshold
+        if got["faulted"]:
+            assert got["error"] and min(got["faulted_worst"], default=1.0) >= 3 * tol, (key, got)
+    return value
+
+
+@suite_is("full", "release")
+@pytest.mark.parametrize("name", [m for m in ("llama", "deepseek_v3") if m in MODELS])
+def test_self_check_separates_bf16_rounding_from_faults(build, tmp_path, name):
+    """In bf16 the captured row and vLLM's own final state round differently; the check still
+    passes correct rows with margin and catches every fault."""
+    report = scenario(build(name), tmp_path, steps=["start", "selfcheck"],
+                      extra_env={**MODEL_ENV.get(name, {}), **SELF_CHECK_FAULTS, "SPECULATORS_COMPAT_DTYPE": "bfloat16"})
+    assert failures(report) == {}
+    assert_self_check(report)
+
+
 # Kimi-K2.5 runs at TP=2 wherever it runs (the real model only runs tensor-parallel)
 TP2_MODELS = [m for m in ("llama", "deepseek_v3") if m in MODELS] if ENV is None or ENV.tp2 else []
 TP2_MODELS += [m for m in ("kimi_k25",) if m in MODELS]
@@ -186,10 +228,12 @@ def test_tensor_parallel_2_with_spawned_workers(build, tmp_path, name):
     # speculators_compat is imported in main() only: spawned workers are patched solely
     # through the vllm.general_plugins entry point.
     report = scenario(
-        build(name), tmp_path, tp=2, steps=["start", "mixed", "repeat", "leak"],
-        extra_env={**MODEL_ENV.get(name, {}), "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, name=name,
+        build(name), tmp_path, tp=2, steps=["start", "mixed", "repeat", "leak", "selfcheck"],
+        extra_env={**MODEL_ENV.get(name, {}), **SELF_CHECK_FAULTS, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+        name=name,
     )
     assert failures(report) == {}
+    assert_self_check(report)
     assert report["mixed"]["value"] <= 1e-4
     assert report["leak"]["value"]["requests"] == [0, 0]
     assert len(report["start"]["value"]["workers"]) == 2
@@ -492,12 +536,14 @@ def test_every_patch_is_shown_necessary():
     # cpu-kimi-k25-device: test_kimi_k25_on_cpu_needs_the_device_patch (vLLM 0.15.x);
     # results-in-place, pipelined-steps: features (same data, less time): the scenario's "leak" step
     # (blocks own their bytes, segments reused, no file left), tests/test_transport.py,
-    # tests/test_pipelined.py, benchmarks/gpu_extract.py
+    # tests/test_pipelined.py, benchmarks/gpu_extract.py; self-check, self-check-reference: the
+    # scenario's selfcheck step (every injected fault caught), tests/test_selfcheck.py
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
         "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
         "driver-threads", "runner-v1", "worker-death", "atomic-save", "tokenizer-trust",
-        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "results-in-place", "pipelined-steps"} | set(NEEDED_WHERE)
+        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "results-in-place", "pipelined-steps", "self-check",
+        "self-check-reference"} | set(NEEDED_WHERE)
     assert {p.id for p in hooks.patches()} <= shown
 
 
