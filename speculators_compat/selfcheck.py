@@ -50,8 +50,9 @@ DEFAULT_TOLERANCE = 0.03
 FULL_CALLS = 8
 #: positions per chunk of the comparison: chunk x vocabulary fp32 values stay under this
 CHUNK_VALUES = 1 << 24
-#: test-only: a fault injected into the rows so that the tests see the check catch it; read by
-#: the tests' scenarios only, never an option (swap, shift, drop: driver; norm, residual: worker)
+#: test-only: a fault injected into the rows so that the tests see the check catch it; set by
+#: the tests only, never an option (swap, shift, drop: driver; norm, residual: worker; ``fault@N``:
+#: from the generator's call N on)
 TEST_FAULT_ENV = "SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT"
 DRIVER_FAULTS = ("swap", "shift", "drop")
 WORKER_FAULTS = ("norm", "residual")
@@ -436,8 +437,9 @@ class WorkerCheck:
 
 def _differences(model, norm, cand, ref, chunk) -> dict | None:
     """The worst position of ``cand`` (rows before the final norm) against ``ref`` (vLLM's final
-    hidden states): both through the model's own ``compute_logits``, then ``log_softmax``; one
-    synchronisation at the end. ``None`` on a rank the logits are not gathered to."""
+    hidden states): both through the model's own ``compute_logits``; the relative difference of
+    the centred logits (= of the centred log-probs), and the log-probs' largest difference. One
+    synchronisation at the end; ``None`` on a rank the logits are not gathered to."""
     import torch
 
     n = min(int(cand.shape[0]), int(ref.shape[0]))
@@ -448,15 +450,15 @@ def _differences(model, norm, cand, ref, chunk) -> dict | None:
         zr = model.compute_logits(ref[a:b])
         if zc is None or zr is None:
             continue
-        lc = zc.float().log_softmax(-1)
-        lr = zr.float().log_softmax(-1)
-        d = lc - lr
-        spread = (lr - lr.mean(-1, keepdim=True)).norm(dim=-1).clamp_min(1e-30)
+        zc, zr = zc.float(), zr.float()
+        d = zc - zr  # log_softmax shifts each row by a constant, which the centring removes
+        spread = (zr - zr.mean(-1, keepdim=True)).norm(dim=-1).clamp_min(1e-30)
         rel = torch.nan_to_num((d - d.mean(-1, keepdim=True)).norm(dim=-1) / spread, nan=math.inf)
         top = rel.max(dim=0)
         rel_max.append(top.values)
         rel_arg.append(top.indices + a)
-        nats.append(torch.nan_to_num(d.abs(), nan=math.inf).amax())
+        shift = torch.logsumexp(zc, -1) - torch.logsumexp(zr, -1)  # the log-probs' own difference (nats)
+        nats.append(torch.nan_to_num((d - shift[:, None]).abs(), nan=math.inf).amax())
     if not n:
         return {"worst": 0.0, "position": None, "nats": 0.0}
     if not rel_max:

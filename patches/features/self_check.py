@@ -109,7 +109,9 @@ def _generate(wrapped, instance, args, kwargs):
     checked = selfcheck.sample(len(seqs), call, per_call, full)
     if not checked:
         return wrapped(*args, **kwargs)
-    fault = os.environ.get(selfcheck.TEST_FAULT_ENV, "")
+    fault, _, since = os.environ.get(selfcheck.TEST_FAULT_ENV, "").partition("@")  # test-only: "fault@call"
+    if since and call < int(since):
+        fault = ""
     starts, at = [], 0
     for ids in seqs:
         starts.append(at)
