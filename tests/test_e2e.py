@@ -680,6 +680,58 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
     assert max((a - b).abs().max().item() for a, b in zip(saved["hidden_states"], ref)) <= 1e-4
 
 
+@suite_is("full")
+def test_runner_stops_at_a_self_check_mismatch_and_resumes_there(model, tmp_path):
+    """A mismatch stops the stock script before it saves that batch (exit code 1, the earlier
+    batches on disk, the manifest says why); the same command without the fault then resumes at
+    the first sample of that batch and finishes; the manifest lists both runs."""
+    import hashlib
+    import random
+
+    if not self_check_expected():
+        pytest.skip("the self-check does not apply on this release's record")
+    rng = random.Random(3)
+    samples = [{"input_ids": [rng.randrange(3, 500) for _ in range(rng.randint(2, 60))]} for _ in range(20)]
+    for s in samples:
+        s["loss_mask"] = [1] * len(s["input_ids"])
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(s) for s in samples) + "\n")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
+    env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               SPECULATORS_COMPAT_SELF_CHECK="all")
+    cmd = [sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"), "--target-model-path", model,
+           "--train-data-path", str(data), "--output-dir", str(out), "--batch-size", "4"]
+    # batches of 4: calls 0 and 1 are saved, call 2's rows are shifted by one
+    failed = subprocess.run(cmd, env={**env, **{k: "shift@2" for k in SELF_CHECK_FAULTS}}, capture_output=True,
+                            text=True, timeout=900, cwd=tmp_path)
+    assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-5000:]
+    assert "SelfCheckError: self-check: sequence 0, position " in failed.stderr
+    assert sorted(p.name for p in out.glob("data_*.pt")) == sorted(f"data_{i}.pt" for i in range(8))
+    assert not (out / "data_config.json").exists()
+    runs = json.loads((out / "speculators_compat_manifest.json").read_text())["runs"]
+    assert runs[0]["status"].startswith("failed: SelfCheckError: self-check: sequence 0")
+    gen = runs[0]["generators"][0]
+    assert gen["self_check"]["failed"].startswith("call 2: self-check: sequence 0")
+    assert gen["self_check"]["sequences"] == 12 and gen["self_check"]["calls"] == 3
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-5000:]
+    # no data_config.json from the failed run: its last sample is redone too (see "After a crash")
+    assert "saved 13 files" in resumed.stdout
+    assert "self-check: 13 sequences" in resumed.stdout + resumed.stderr  # the end line: what was checked
+    runs = json.loads((out / "speculators_compat_manifest.json").read_text())["runs"]
+    assert [r["status"] for r in runs][1:] == ["finished"]
+    gen = runs[1]["generators"][0]
+    config = hashlib.sha256((Path(model) / "config.json").read_bytes()).hexdigest()
+    assert (gen["model"], gen["config_sha256"], gen["dtype"], gen["tensor_parallel_size"]) == (model, config, "float32", 1)
+    assert gen["layer_ids"] == [2, 4, 5, 7]  # the stock default for 8 layers
+    assert gen["self_check"]["failed"] is None and gen["self_check"]["sequences"] == 13
+    assert gen["self_check"]["worst_relative"] <= 0.01
+    assert {"self-check", "report"} <= set(runs[1]["patches"]["driver"])
+    assert {"v3", "self-check-reference"} <= set(runs[1]["patches"]["workers"])
+    assert set(runs[1]["versions"]) == {"vllm", "speculators", "torch", "transformers", "speculators_compat"}
+
+
 def test_static_signatures_agree_with_the_imported_vllm():
     """The fast check reads signatures from the sources; here they are compared with what
     ``inspect.signature`` says about the imported objects, for every API of the inventory."""
