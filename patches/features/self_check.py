@@ -37,7 +37,7 @@ import logging
 import os
 import time
 
-from speculators_compat import selfcheck
+from speculators_compat import lifecycle, selfcheck
 from speculators_compat.errors import SelfCheckError
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
@@ -148,8 +148,11 @@ def _generate(wrapped, instance, args, kwargs):
             selfcheck.unshare(rows)
         done = True
     finally:
-        if not done:
-            executor.collective_rpc(selfcheck.arm, args=(None,))
+        if not done and not getattr(lifecycle.real_executor(executor), "is_failed", False):
+            try:  # the workers stop recording; the call's own error is what the caller must see
+                executor.collective_rpc(selfcheck.arm, args=(None,))
+            except Exception as exc:
+                log.debug("self-check: could not disarm the workers: %s: %s", type(exc).__name__, exc)
     totals.seconds += time.perf_counter() - t0
     found = next((r for r in replies if r is not None), None)
     if found is None:
