@@ -1,4 +1,7 @@
-"""The speculators and vLLM ranges the patches are written for (version data, one place)."""
+"""The speculators ranges the patches are written for (each patch declares its own vLLM range).
+
+The guards and features are written for vLLM 0.11.1 and later (the two-phase execution); on
+0.11.0, what speculators 0.3.0 was written for, nothing of ours wraps the stock code."""
 
 #: speculators releases whose generator/worker the patches were written against
 SPECULATORS_03 = ">=0.3.0,<0.4"
@@ -6,9 +9,5 @@ SPECULATORS_03 = ">=0.3.0,<0.4"
 SPECULATORS_04 = ">=0.4.0,<0.5"
 #: the library's own guards and options serve every speculators release with the generator
 SPECULATORS_ALL = ">=0.3.0,<0.5"
-#: what the guards and options are written for: vLLM 0.11.1 brought the two-phase execution
-#: and the other deltas; on 0.11.0 (what speculators 0.3.0 was written for) nothing of ours
-#: wraps the stock code
-SINCE_TWO_PHASE = ">=0.11.1"
 
-__all__ = ["SPECULATORS_03", "SPECULATORS_04", "SPECULATORS_ALL", "SINCE_TWO_PHASE"]
+__all__ = ["SPECULATORS_03", "SPECULATORS_04", "SPECULATORS_ALL"]

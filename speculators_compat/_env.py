@@ -3,7 +3,8 @@
 ``SPECULATORS_COMPAT_DISABLE``  comma- or semicolon-separated patch ids to leave off, or ``all``
                                 (also ``*`` or ``1``); case-insensitive. ``resume`` (not a patch)
                                 makes ``speculators-compat run`` leave the stock script's output
-                                folder alone.
+                                folder alone. An id that names no patch is an error (the check
+                                says so, the generator refuses).
 ``SPECULATORS_COMPAT_VERBOSE``  ``1``/``true``/``yes``: log which patch applied where, to stderr.
 ``SPECULATORS_COMPAT_RECORD``   a folder: this is a validation run of the test matrix (see
                                 :mod:`speculators_compat.validation`); never set it for real work.
@@ -30,6 +31,8 @@ UNVALIDATED = "SPECULATORS_COMPAT_UNVALIDATED"
 UNVALIDATED_SELF_CHECK = "self-check"
 
 _ALL = frozenset({"all", "*", "1"})
+#: the ids of SPECULATORS_COMPAT_DISABLE that are not patch ids
+NOT_PATCHES = frozenset({"all", "resume"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 

@@ -1,39 +1,45 @@
-"""``python -m speculators_compat.check``: which patches apply to this install, and why.
+"""``python -m speculators_compat.check``: is this install covered, and why.
 
-Prints the installed Python, torch, vLLM and speculators versions, then every patch with
-its status (applies / not needed / refused / disabled) and the evidence (what its probe
-found), with the vLLM delta it is about on the line below, grouped by the side it runs on
-(driver: the generator process; worker: every vLLM worker).
+The first lines are the verdict: ``covered: yes`` or ``covered: NO`` with the reasons (a patch
+refused, a patch left off or disabled where its delta is present, an unknown id in
+``SPECULATORS_COMPAT_DISABLE``, vLLM or speculators missing). Then the versions, the validated
+release that covers the installed vLLM, and one line per patch, in the order they apply: its
+status, id and what it is about. ``-v`` adds each patch's evidence (what its probe found, where
+it was validated) and delta, and every vLLM API the stock code uses with its shape.
 
-By default nothing is imported: versions come from package metadata, and every patch's
-static probe reads the installed vLLM and speculators sources (well under a second, no
-GPU needed, torch and vLLM untouched). Then every vLLM API the stock code uses is listed
-with its shape: known (recorded on a validated release), compatible (only optional
-parameters added) or unknown (expected vs found signature). ``--deep`` imports the target
-modules (and thereby vLLM, 10-30 s) and runs the runtime probes instead, as the generator's
-preflight does.
+Statuses: ``applies``; ``not needed`` (the delta is absent, or the patch is not written for this
+release); ``left off`` (the delta is present but no validation run applied the patch here: a
+repair is refused instead); ``disabled``; ``refused``. A performance patch left off or disabled
+does not make the install uncovered: the stock data path runs (same rows, more time or memory).
 
-Exit codes: 0 -- covered (no patch refused, no API of unknown shape); 1 -- not covered (a
-refusal, or speculators/vLLM missing); 2 -- the check itself failed.
+By default nothing is imported: versions come from package metadata, and every patch's static
+probe reads the installed vLLM and speculators sources (no GPU needed, torch and vLLM untouched).
+``--deep`` imports the target modules (and thereby vLLM, 10-30 s) and runs the runtime probes
+instead, as the generator's preflight does.
 
-``--json`` prints one object (schema version 3)::
+Exit codes: 0 -- covered; 1 -- not covered; 2 -- the check itself failed.
 
-    {"schema": 3, "mode": "static"|"deep", "python": str, "torch": str|null,
+``--json`` prints one object (schema version 4)::
+
+    {"schema": 4, "mode": "static"|"deep", "python": str, "torch": str|null,
      "transformers": str|null,
      "vllm": {"distribution", "version", "kind", "cpu_build"}|null, "speculators": str|null,
-     "validation": {"vllm": str, "platforms": [str], "applied": [str]}|null,
-     "covered": bool,
+     "validation": {"vllm": str, "platforms": [str], "transformers": [str]}|null,
+     "covered": bool, "reasons": [str], "unknown_disabled": [str],
      "patches": [{"id", "title", "side", "kind", "family", "delta", "target", "vllm_range",
-                  "speculators", "status", "cause", "reason"}],
+                  "speculators", "depends_on", "status", "needed", "cause", "reason"}],
      "apis": [{"api", "found", "status", "releases", "expected", "difference" (unknown only)}]}
 
-``validation``: the record of the test matrix that covers the installed vLLM (null: its line was
-never validated with the installed speculators line). ``status`` of a patch: "applies",
-"not needed", "refused", "disabled" ("pending" only if a deep probe could not import its
-target); ``cause`` of a refusal: "unknown shape", "call does not bind", "not validated",
-"apply failed" (else null). ``status`` of an API: "known", "compatible", "unknown";
-``releases``: the validated releases with that shape (for "compatible", those of the signature
-it extends); ``expected``: the other recorded shapes, by signature.
+``validation``: the validated release that covers the installed vLLM (null: none does).
+``reasons``: why the install is not covered (empty when it is). ``status`` of a patch: "applies",
+"not needed", "left off", "refused", "disabled" ("pending" only if a deep probe could not import
+its target); ``needed``: whether its delta is present (null: not probed); ``cause`` of a
+refusal: "unknown shape", "call does not bind", "not validated", "apply failed" (else null).
+``status`` of an API: "known", "compatible", "unknown"; ``releases``: the validated releases with
+that shape (for "compatible", those of the signature it extends); ``expected``: the other
+recorded shapes, by signature. Schema 4 (from schema 3): ``reasons``, ``unknown_disabled``,
+``needed``, ``depends_on`` and the status "left off" added; ``validation.applied`` replaced by
+``validation.transformers``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,6 @@ import platform
 import sys
 
 from . import versions
-from .registry import Status
 
 __all__ = ["main", "report"]
 
@@ -76,7 +81,7 @@ def unpacked(root: str) -> tuple[versions.Installed, str]:
 
 def report(deep: bool = False, vllm_root: str | None = None) -> dict:
     from . import hooks, inventory
-    from .registry import context, evaluate_all
+    from .registry import context, evaluate_all, unknown_disabled, verdict
     from .sources import Sources, StaticView
 
     if vllm_root:
@@ -89,26 +94,25 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
     else:
         view = StaticView()
         ctx = context()
-    if deep:
-        hooks.install()
-        decisions = hooks.status(import_targets=True)
-    else:
-        decisions = []
-        for target in dict.fromkeys(p.target for p in hooks.patches()):
-            decisions += evaluate_all([p for p in hooks.patches() if p.target == target], view=view, ctx=ctx)
-        order = {p.id: i for i, p in enumerate(hooks.patches())}
-        decisions.sort(key=lambda d: order[d.patch.id])
-    apis = inventory.inventory(view) if view.vllm.found else []
     vllm, spec, record = ctx.vllm, ctx.speculators, ctx.record
+    decisions = []
+    apis = []
+    if vllm is not None and spec is not None:  # else every patch would say so: the verdict does
+        if deep:
+            hooks.install()
+            decisions = hooks.status(import_targets=True)
+        else:
+            for target in dict.fromkeys(p.target for p in hooks.patches()):
+                decisions += evaluate_all([p for p in hooks.patches() if p.target == target], view=view, ctx=ctx)
+            order = {p.id: i for i, p in enumerate(hooks.patches())}
+            decisions.sort(key=lambda d: order[d.patch.id])
+        apis = inventory.inventory(view) if view.vllm.found else []
+    unknown = unknown_disabled([p.id for p in hooks.patches()], ctx.disabled)
+    covered, reasons = verdict(decisions, ctx, unknown)
     torch = versions.installed("torch")
-    transformers = versions.installed("transformers")
-    covered = (
-        vllm is not None
-        and spec is not None
-        and not any(d.status in (Status.REFUSED, Status.PENDING) for d in decisions)
-    )
+    transformers = ctx.transformers
     return {
-        "schema": 3,
+        "schema": 4,
         "mode": "deep" if deep else "static",
         "python": platform.python_version(),
         "torch": str(torch.version) if torch else None,
@@ -121,46 +125,75 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
         ),
         "speculators": str(spec.version) if spec else None,
         "validation": (
-            {"vllm": record.vllm, "platforms": record.platforms, "applied": sorted(record.applied)} if record else None
+            {"vllm": record.vllm, "platforms": list(record.platforms), "transformers": list(record.transformers)}
+            if record else None
         ),
         "covered": covered,
+        "reasons": reasons,
+        "unknown_disabled": unknown,
         "patches": [d.as_dict() for d in decisions],
         "apis": apis,
     }
 
 
-def _text(rep: dict) -> str:
+#: the one-line reason of a patch that does not apply, by status
+_SHORT = {
+    "not needed": lambda p: p["reason"].split(":")[0] if p["reason"].startswith("delta absent") else p["reason"],
+    "left off": lambda p: "not validated here" + (" (the stock data path runs)" if p["kind"] == "performance" else ""),
+    "disabled": lambda p: f"{DISABLED_BY}" + (" -- its delta is present" if p["needed"] else ""),
+    "refused": lambda p: p["cause"] or "refused",
+    "pending": lambda p: p["reason"],
+}
+DISABLED_BY = "by SPECULATORS_COMPAT_DISABLE"
+
+
+def _text(rep: dict, verbose: bool = False) -> str:
     from . import inventory
 
+    lines = ["covered: yes" if rep["covered"] else "covered: NO"]
+    lines += [f"  - {r}" for r in rep["reasons"]]
+    without = [p["id"] for p in rep["patches"] if p["kind"] == "performance" and p["needed"]
+               and p["status"] in ("left off", "disabled")]
+    if without:
+        lines.append(f"  without {', '.join(without)}: performance only (the stock data path runs: same rows, "
+                     "more time or memory)")
     v = rep["vllm"]
-    vllm = f"{v['distribution']} {v['version']} ({v['kind']})" if v else "not installed"
-    lines = [
-        f"Python       {rep['python']}",
-        f"torch        {rep['torch'] or 'not installed'}",
-        f"vLLM         {vllm}",
-        f"speculators  {rep['speculators'] or 'not installed'}",
-        f"transformers {rep['transformers'] or 'not installed'}",
-    ]
+    build = f", {'CPU' if v['cpu_build'] else 'GPU'} build" if v else ""
+    vllm = f"{v['distribution']} {v['version']} ({v['kind']}{build})" if v else "vLLM not installed"
+    lines.append("")
+    lines.append(" | ".join([vllm, f"speculators {rep['speculators'] or 'not installed'}",
+                             f"transformers {rep['transformers'] or 'not installed'}",
+                             f"torch {rep['torch'] or 'not installed'}", f"Python {rep['python']}"]))
     val = rep["validation"]
     if val:
-        lines.append(f"validated    end to end on vLLM {val['vllm']} ({', '.join(val['platforms'])}; the newest "
-                     "validated release of this line not newer than the installed one)")
-    elif v and rep["speculators"]:
-        lines.append("validated    NO release of this vLLM line was validated with this speculators line")
-    for side, title in (("driver", "driver-side patches (generator process)"), ("worker", "worker-side patches (every vLLM worker)")):
+        lines.append(f"validated on vLLM {val['vllm']} ({', '.join(val['platforms'])}; transformers "
+                     f"{', '.join(val['transformers'])}): the newest validated release of your line")
+    if not rep["patches"]:
+        return "\n".join(lines)
+    width = max(len(p["id"]) for p in rep["patches"])
+    for side, title in (("driver", "driver (the generator's process)"), ("worker", "worker (every vLLM worker)")):
         lines.append("")
-        lines.append(title + ":")
+        lines.append(title)
         for p in rep["patches"]:
-            if p["side"] == side:
-                lines.append(f"  {p['id']:<20} {p['status']:<11} {p['reason']}")
-                lines.append(f"  {'':<20} {'delta':<11} {p['delta']}")
-    if rep["apis"]:
+            if p["side"] != side:
+                continue
+            short = p["title"] if p["status"] == "applies" else _SHORT[p["status"]](p)
+            lines.append(f"  {p['status']:<10}  {p['id']:<{width}}  {short}")
+            if verbose:
+                lines.append(f"  {'':<10}  {'':<{width}}  {p['reason']}")
+                lines.append(f"  {'':<10}  {'':<{width}}  delta: {p['delta']}")
+    apis = rep["apis"]
+    if apis:
+        counts = {s: sum(a["status"] == s for a in apis) for s in ("known", "compatible", "unknown")}
         lines.append("")
-        lines.append(f"vLLM APIs used by the stock code ({rep['mode']} check; shapes recorded on validated releases):")
-        for a in rep["apis"]:
+        lines.append(f"vLLM APIs the stock code uses: {len(apis)} ({counts['known']} known, {counts['compatible']} "
+                     f"compatible, {counts['unknown']} unknown; {rep['mode']} check)" + ("" if verbose else "; -v lists them"))
+        for a in apis:
+            if not verbose and a["status"] != "unknown":
+                continue
             rel = a["releases"]
             where = f"as in {rel[0]}" + (f" .. {rel[-1]}" if len(rel) > 1 else "") if rel else ""
-            line = f"  {a['status']:<10} {a['api']}"
+            line = f"  {a['status']:<10}  {a['api']}"
             if a["status"] == "known":
                 line += f"  ({where})"
             elif a["status"] == "compatible":
@@ -170,8 +203,6 @@ def _text(rep: dict) -> str:
                 expected = f"{newest[0]}  (vLLM {newest[1][-1]})" if newest else "none recorded"
                 line += f"  -- {a['difference']}\n      found    {a['found']}\n      expected {expected}"
             lines.append(line)
-    lines.append("")
-    lines.append("covered: yes" if rep["covered"] else "covered: NO")
     return "\n".join(lines)
 
 
@@ -194,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="speculators-compat check", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     ap.add_argument("--deep", action="store_true", help="import vLLM and run the runtime probes (slow)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="each patch's evidence and delta, and every API")
     ap.add_argument("--vllm-root", metavar="DIR",
                     help="judge the vLLM unpacked in DIR (a wheel's contents: vllm/ and its dist-info) "
                     "instead of the installed one, e.g. before upgrading")
@@ -205,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the check must say what broke, not crash with a trace
         print(f"speculators_compat check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(rep, indent=2) if args.json else _text(rep))
+    try:
+        print(json.dumps(rep, indent=2) if args.json else _text(rep, args.verbose))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `check | head`: the reader is gone, the verdict stands
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0 if rep["covered"] else 1
 
 

@@ -135,7 +135,8 @@ def _on_import(module: ModuleType) -> None:
 
 def apply_module(module: ModuleType) -> list[Decision]:
     """Evaluate and apply every patch that targets ``module``; idempotent."""
-    from .registry import Cause, Decision, Patcher, Status, context, evaluate, refusal
+    from .registry import (Cause, Decision, Patcher, Status, context, evaluate, refusal, unknown_disabled,
+                           unknown_disabled_message)
 
     name = module.__name__
     ctx = context()
@@ -175,9 +176,16 @@ def apply_module(module: ModuleType) -> list[Decision]:
             _state.decisions[patch.id] = decision
         out.append(decision)
     refused = [d for d in out if d.status is Status.REFUSED]
+    message = refusal_message(refused) if refused else ""
+    if name in targets.ENTRY_POINTS:
+        known = [p.id for p in patches()]
+        unknown = unknown_disabled(known)
+        if unknown:  # a misspelt id would leave on what the user meant to turn off
+            message = " | ".join(filter(None, [message or "speculators_compat refuses to run",
+                                               unknown_disabled_message(unknown, known)]))
     with _state.lock:
-        if refused and name not in _state.refusals and name in targets.ENTRY_POINTS:
-            _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], refused)
+        if message and name not in _state.refusals and name in targets.ENTRY_POINTS:
+            _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], message)
     if refused and name in targets.REFUSE_AT_IMPORT:
         # an import-time target (speculators.utils on transformers v5): without the patch the
         # import itself fails further on with a foreign traceback; fail it here, saying why
@@ -196,13 +204,12 @@ def refusal_message(refused: list[Decision]) -> str:
     return "speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
 
 
-def _install_refusal(module: ModuleType, entry: tuple[str, str], refused: list[Decision]) -> Patcher:
-    """Make the target's entry point raise before it does any heavy work."""
+def _install_refusal(module: ModuleType, entry: tuple[str, str], message: str) -> Patcher:
+    """Make the target's entry point raise ``message`` before it does any heavy work."""
     from .errors import IncompatibleVllmError
     from .registry import Patcher
 
     cls_name, method = entry
-    message = refusal_message(refused)
     logger().error(message)
 
     def refuse(wrapped, instance, args, kwargs):

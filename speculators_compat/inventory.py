@@ -140,8 +140,16 @@ def passed(view: StaticView) -> dict[str, set[str] | None]:
 
 
 def inventory(view: StaticView | None = None) -> list[dict]:
-    """One entry per API: ``{"api", "found", "status", "releases", "expected"}``."""
+    """One entry per API: ``{"api", "found", "status", "releases", "expected"}`` (computed once
+    per view: the preflight check and the report share it)."""
     view = view or StaticView()
+    cached = getattr(view, "_inventory", None)
+    if cached is None:
+        cached = view._inventory = _inventory(view)
+    return cached
+
+
+def _inventory(view: StaticView) -> list[dict]:
     table = known()
     used = passed(view)
     out = []

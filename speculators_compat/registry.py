@@ -9,24 +9,31 @@ Three questions, three sources of truth:
 
 * *Is the delta there?* -- the probe: ``Shape.OLD`` (stock code works as written), ``NEW`` (the
   shape this patch repairs) or ``UNKNOWN`` (neither: refuse).
-* *Was this patch validated on the installed release?* -- data, not code: the record of the test
-  matrix (:mod:`speculators_compat.validation`) that covers the installed vLLM. A release of a line
-  nobody validated is covered by no record: the library's ceiling.
-* *Which implementation?* -- a patch may have *variants* (``family``): each variant declares the
-  vLLM range it implements (``vllm``), and outside it is ``not needed (superseded)``.
+* *Was this patch validated here?* -- data, not code: the patch x release table of the test
+  matrix (:mod:`speculators_compat.validation`). A patch declares what its delta depends on
+  (``depends_on``): the vLLM release (validated on the release that covers the installed vLLM),
+  the transformers release (validated on the installed transformers line), or nothing (not gated
+  by the table: tokenizer-trust, most guards).
+* *Which implementation?* -- a patch declares the vLLM releases it is written for (``vllm``);
+  variants of one repair (``family``) split the releases between them.
 
 ============================  =============================================================
-probe / record says           status
+probe / table says            status
 ============================  =============================================================
 disabled by the user          ``disabled``
-outside the patch's range     ``not needed`` (another variant of its family serves that release,
-                              or the patch was written for newer releases only)
+outside the patch's range     ``not needed`` (a variant, a feature or a guard written for other
+                              releases); a repair whose delta is present there is ``refused``
 old shape                     ``not needed`` -- whatever the version says
 unknown shape                 ``refused`` (cause ``UNKNOWN_SHAPE``) with the API and what to do
 new shape, validated          ``applies``
 new shape, not validated      a repair (delta, fix, platform): ``refused`` (``NOT_VALIDATED``);
-                              a guard or feature: ``not needed`` (left off, stock behaviour)
+                              a guard, feature or performance patch: ``left off`` (stock behaviour)
 ============================  =============================================================
+
+:func:`verdict` says whether an install is *covered*: nothing refused, nothing left off or
+disabled where its delta is present -- except a performance patch, whose absence leaves the
+stock data path (same rows, more time or memory) -- and no unknown id in
+``SPECULATORS_COMPAT_DISABLE``.
 
 Versions are compared on their base release (``0.16.1.dev3+g1`` -> ``0.16.1``), so a nightly
 is judged by the release it leads to: ``0.17.0.dev3`` is neither ``<0.17`` nor silently
@@ -57,10 +64,16 @@ __all__ = [
     "evaluate",
     "evaluate_all",
     "refusal",
+    "verdict",
+    "uncovered_release",
+    "unknown_disabled",
     "DISABLE_ENV",
+    "DEPENDENCIES",
 ]
 
 DISABLE_ENV = _env.DISABLE
+#: what a patch's delta can depend on (``Patch.depends_on``)
+DEPENDENCIES = ("vllm", "transformers")
 
 
 class Side(str, enum.Enum):
@@ -73,13 +86,20 @@ class Kind(str, enum.Enum):
     FIX = "fix"  # repairs a stock-code bug that gives wrong data on some releases
     PLATFORM = "platform"  # makes the stock code (or vLLM) correct on one platform
     GUARD = "guard"  # the library's own checks (input, output, API shapes, calls)
-    FEATURE = "feature"  # an option or improvement the stock code does not have
+    FEATURE = "feature"  # an option the stock code does not have
+    PERFORMANCE = "performance"  # speed or memory only: the same rows, bit for bit, without it
 
     @property
     def required(self) -> bool:
         """A repair is needed for correct data where its delta is present: unvalidated, it refuses.
-        A guard or feature is not: unvalidated, it is left off (the stock code runs as written)."""
+        A guard, feature or performance patch is not: unvalidated, it is left off (the stock code
+        runs as written)."""
         return self in (Kind.DELTA, Kind.FIX, Kind.PLATFORM)
+
+    @property
+    def optional(self) -> bool:
+        """Left off or disabled, the install is still covered: the stock data path runs."""
+        return self is Kind.PERFORMANCE
 
 
 class Shape(enum.Enum):
@@ -110,7 +130,8 @@ class Probe:
 
 class Status(str, enum.Enum):
     APPLIES = "applies"
-    NOT_NEEDED = "not needed"
+    NOT_NEEDED = "not needed"  # the delta is absent (or the patch is not written for this release)
+    LEFT_OFF = "left off"  # the delta is present, but no validation run applied it here
     REFUSED = "refused"
     DISABLED = "disabled"
     PENDING = "pending"  # its target module has not been imported in this process
@@ -131,6 +152,17 @@ class Decision:
     status: Status
     reason: str
     cause: Cause | None = None
+    #: whether the delta is present (the probe found the new or an unknown shape); None: not probed
+    needed: bool | None = None
+
+    @property
+    def uncovers(self) -> bool:
+        """Whether this decision makes the install not covered (see :func:`verdict`)."""
+        if self.status in (Status.REFUSED, Status.PENDING):
+            return True
+        if self.status in (Status.LEFT_OFF, Status.DISABLED):
+            return self.needed is not False and not self.patch.kind.optional
+        return False
 
     def as_dict(self) -> dict[str, Any]:
         p = self.patch
@@ -144,7 +176,9 @@ class Decision:
             "target": p.target,
             "vllm_range": p.vllm,
             "speculators": p.speculators,
+            "depends_on": list(p.depends_on),
             "status": self.status.value,
+            "needed": self.needed,
             "cause": self.cause.value if self.cause else None,
             "reason": self.reason,
         }
@@ -176,8 +210,11 @@ class Patch:
     #: ``apply(module, patcher)``: installs the patch through the patcher
     apply: Callable[[ModuleType, "Patcher"], None]
     kind: Kind = Kind.DELTA
-    #: the vLLM releases this *variant* implements (empty: every release; the probe decides)
+    #: the vLLM releases the patch is written for (empty: every release; the probe decides)
     vllm: str = ""
+    #: what its delta depends on, and so where it must have been validated: ``"vllm"`` (the
+    #: release), ``"transformers"``, or nothing (not gated by the validation table)
+    depends_on: tuple[str, ...] = ("vllm",)
     #: variants of one repair share a family; outside its range a variant is superseded
     family: str = ""
     #: ids of the patches of the same target this one applies after (and so wraps)
@@ -199,8 +236,12 @@ class Patch:
         if not self.family:
             object.__setattr__(self, "family", self.id)
         object.__setattr__(self, "after", tuple(self.after))
+        object.__setattr__(self, "depends_on", tuple(self.depends_on))
         object.__setattr__(self, "side", Side(self.side))
         object.__setattr__(self, "kind", Kind(self.kind))
+        unknown = set(self.depends_on) - set(DEPENDENCIES)
+        if unknown:
+            raise ValueError(f"{self.id}: depends_on names {sorted(unknown)}; known: {DEPENDENCIES}")
 
     def __hash__(self) -> int:
         return hash(self.id)
@@ -213,24 +254,32 @@ class Context:
     vllm: versions.Installed | None
     speculators: versions.Installed | None
     disabled: frozenset[str]
-    #: the validation record covering the installed vLLM (None: no release of its line validated)
+    #: the validated release covering the installed vLLM and transformers
+    #: (a :class:`~speculators_compat.validation.Release`; None: none covers it)
     record: Any = None
     #: a validation run of the test matrix: unrecorded releases are let through (never for real work)
     recording: bool = False
     #: every vLLM release validated with the installed speculators line (named in refusals)
     validated: tuple[str, ...] = ()
+    transformers: versions.Installed | None = None
+    #: the validation evidence of the installed speculators line
+    #: (a :class:`~speculators_compat.validation.Evidence`)
+    evidence: Any = None
 
 
-def context(vllm: versions.Installed | None = None) -> Context:
+def context(vllm: versions.Installed | None = None, table: dict | None = None) -> Context:
     """What decisions depend on, for the installed vLLM (or ``vllm``: e.g. an unpacked wheel
-    that ``check --vllm-root`` judges)."""
+    that ``check --vllm-root`` judges); ``table``: a validation table instead of ``supported.json``."""
     from . import validation
 
     vllm = vllm or versions.vllm()
     spec = versions.speculators()
-    record = validation.covering(vllm.base, spec.base) if vllm and spec else None
-    validated = tuple(validation.validated_lines(spec.base)) if spec else ()
-    return Context(vllm, spec, _env.disabled(), record, _env.record_dir() is not None, validated)
+    tf = versions.installed("transformers")
+    ev = validation.evidence(spec.base, table) if spec else None
+    tf_version = tf.version if tf else None
+    record = ev.covering(vllm.base, tf_version) if ev and vllm else None
+    validated = tuple(r.vllm for r in ev.releases()) if ev else ()
+    return Context(vllm, spec, _env.disabled(), record, _env.record_dir() is not None, validated, tf, ev)
 
 
 def evaluate(patch: Patch, module: ModuleType | None, view: Any = None, ctx: Context | None = None,
@@ -239,39 +288,59 @@ def evaluate(patch: Patch, module: ModuleType | None, view: Any = None, ctx: Con
 
     With ``view`` (a :class:`~speculators_compat.sources.StaticView`) and no module, the
     patch's static probe reads the installed sources instead (nothing is imported). ``prior``
-    holds the decisions already taken for the same target (what a preflight check looks at)."""
+    holds the decisions already taken for the same target (what a preflight check looks at).
+    A disabled patch is probed too: whether its delta is present decides the verdict."""
     ctx = ctx or context()
+    disabled = "all" in ctx.disabled or patch.id in ctx.disabled
     early = _gate(patch, ctx)
-    if early is not None:
-        return early
+    if early is not None and (early.needed is False or not patch.kind.required):
+        return _disabled(early) if disabled else early
     if module is None and view is None:
+        if disabled:
+            return Decision(patch, Status.DISABLED, f"disabled by {DISABLE_ENV}")
         return Decision(patch, Status.PENDING, f"{patch.target} not imported yet")
     probe = _probe(patch, module, view, prior or [])
+    if disabled:
+        found = "delta absent" if probe.shape is Shape.OLD else "its delta is present"
+        return Decision(patch, Status.DISABLED, f"disabled by {DISABLE_ENV} ({found}: {probe.evidence})",
+                        needed=probe.shape is not Shape.OLD)
+    if early is not None:  # a repair outside the releases it was written for
+        if probe.shape is Shape.OLD:
+            return Decision(patch, Status.NOT_NEEDED, f"delta absent: {probe.evidence}", needed=False)
+        evidence = (f"the delta is present ({probe.evidence}) on vLLM {ctx.vllm.base}, outside the releases "
+                    f"this patch is written for ({patch.vllm})")
+        return Decision(patch, Status.REFUSED, refusal(patch, ctx, evidence, Cause.UNKNOWN_SHAPE),
+                        Cause.UNKNOWN_SHAPE, needed=True)
     if probe.shape is Shape.OLD:
-        return Decision(patch, Status.NOT_NEEDED, f"delta absent: {probe.evidence}")
+        return Decision(patch, Status.NOT_NEEDED, f"delta absent: {probe.evidence}", needed=False)
     if probe.shape is Shape.UNKNOWN:
         cause = probe.cause or Cause.UNKNOWN_SHAPE
-        return Decision(patch, Status.REFUSED, refusal(patch, ctx, probe.evidence, cause), cause)
+        return Decision(patch, Status.REFUSED, refusal(patch, ctx, probe.evidence, cause), cause, needed=True)
     return _validated(patch, ctx, probe)
 
 
+def _disabled(decision: Decision) -> Decision:
+    return Decision(decision.patch, Status.DISABLED, f"disabled by {DISABLE_ENV} ({decision.reason})",
+                    needed=False)
+
+
 def _gate(patch: Patch, ctx: Context) -> Decision | None:
-    """The decisions that need no probe: disabled, nothing installed, another variant's range."""
-    if "all" in ctx.disabled or patch.id in ctx.disabled:
-        return Decision(patch, Status.DISABLED, f"disabled by {DISABLE_ENV}")
+    """The decisions that need no probe: nothing installed, another variant's release, a release
+    the patch is not written for (``needed`` None there: a repair is probed all the same)."""
     if ctx.speculators is None:
-        return Decision(patch, Status.NOT_NEEDED, "speculators is not installed")
+        return Decision(patch, Status.NOT_NEEDED, "speculators is not installed", needed=False)
     if not versions.in_range(ctx.speculators, patch.speculators):
         return Decision(
-            patch, Status.NOT_NEEDED, f"speculators {ctx.speculators.version} is outside {patch.speculators}"
+            patch, Status.NOT_NEEDED, f"speculators {ctx.speculators.version} is outside {patch.speculators}",
+            needed=False,
         )
     if ctx.vllm is None:
-        return Decision(patch, Status.NOT_NEEDED, "vLLM is not installed")
+        return Decision(patch, Status.NOT_NEEDED, "vLLM is not installed", needed=False)
     if patch.vllm and not versions.in_range(ctx.vllm, patch.vllm):
-        variant = f" (a variant of {patch.family!r})" if patch.family != patch.id else ""
-        return Decision(
-            patch, Status.NOT_NEEDED, f"implemented for vLLM {patch.vllm}{variant}, not for {ctx.vllm.base}"
-        )
+        if patch.family != patch.id:
+            return Decision(patch, Status.NOT_NEEDED, f"written for vLLM {patch.vllm}; another variant of "
+                            f"{patch.family!r} serves {ctx.vllm.base}", needed=False)
+        return Decision(patch, Status.NOT_NEEDED, f"written for vLLM {patch.vllm}, not for {ctx.vllm.base}")
     return None
 
 
@@ -288,23 +357,100 @@ def _probe(patch: Patch, module, view, prior: list[Decision]) -> Probe:
         return Probe.unknown(f"probe failed: {type(exc).__name__}: {exc}")
 
 
+def _not_validated(patch: Patch, ctx: Context) -> list[str]:
+    """Why the validation table does not vouch for ``patch`` here (empty: it does)."""
+    why = []
+    ev = ctx.evidence
+    for dependency in patch.depends_on:
+        if dependency == "vllm":
+            rec = ctx.record
+            if rec is None:
+                why.append(uncovered_release(ctx))
+            elif rec.vllm not in ev.patch_releases(patch.id):
+                why.append(f"no validation run applied it on vLLM {rec.vllm}, the release that covers "
+                           f"vLLM {ctx.vllm.base}")
+        elif dependency == "transformers":
+            tf = ctx.transformers.version if ctx.transformers else None
+            if ev is None or ev.transformers_covering(patch.id, tf) is None:
+                seen = ev.patch_transformers(patch.id) if ev else []
+                pin = _transformers_pin(ctx, seen)
+                why.append(f"no validation run applied it on transformers {_line(tf) if tf else '(not installed)'}"
+                           + (f" (validated on transformers {', '.join(seen)})" if seen else "")
+                           + (f"; pin transformers=={pin}" if pin else ""))
+    return why
+
+
+def _line(version) -> str:
+    return f"{version.major}.{version.minor}"
+
+
+def _transformers_pin(ctx: Context, seen: list[str]) -> str | None:
+    """The transformers release to pin: one the covering vLLM release was validated with, and on
+    which the patch was validated (else the newest that validated the patch)."""
+    rec = ctx.record
+    both = [t for t in (rec.transformers if rec else ()) if t in seen]
+    return (both or seen or [None])[-1]
+
+
+def uncovered_release(ctx: Context) -> str:
+    """Why no validated release covers the installed vLLM (and what to pin)."""
+    vllm, spec = ctx.vllm.base, ctx.speculators.base
+    tf = ctx.transformers.version if ctx.transformers else None
+    other = ctx.evidence.line_without_transformers(vllm, tf) if ctx.evidence else None
+    if other is not None:
+        return (f"vLLM {other.vllm} was validated with transformers {', '.join(other.transformers)} only, not on "
+                f"transformers {tf.major}.x (installed: {tf}); pin transformers=={other.transformers[-1]}")
+    return (f"no release of the vLLM {_line(vllm)} line was validated with speculators {_line(spec)}")
+
+
 def _validated(patch: Patch, ctx: Context, probe: Probe) -> Decision:
-    record = ctx.record
-    if record is not None and patch.id in record.applied:
-        where = f"validated on vLLM {record.vllm} ({', '.join(record.platforms)})"
-        return Decision(patch, Status.APPLIES, f"{probe.evidence}; {where}")
+    if not patch.depends_on:
+        return Decision(patch, Status.APPLIES, f"{probe.evidence}; does not depend on the vLLM or transformers "
+                        "release", needed=True)
     if ctx.recording:
-        return Decision(patch, Status.APPLIES, f"{probe.evidence}; recording a validation run")
-    where = (
-        f"the validation record of vLLM {record.vllm} does not list it"
-        if record is not None
-        else f"no release of the vLLM {ctx.vllm.base.major}.{ctx.vllm.base.minor} line was validated "
-        f"with speculators {ctx.speculators.base.major}.{ctx.speculators.base.minor}"
-    )
+        return Decision(patch, Status.APPLIES, f"{probe.evidence}; recording a validation run", needed=True)
+    why = _not_validated(patch, ctx)
+    if not why:
+        where = []
+        if "vllm" in patch.depends_on:
+            where.append(f"vLLM {ctx.record.vllm} ({', '.join(ctx.record.platforms)})")
+        if "transformers" in patch.depends_on:
+            where.append(f"transformers {ctx.evidence.transformers_covering(patch.id, ctx.transformers.version)}")
+        return Decision(patch, Status.APPLIES, f"{probe.evidence}; validated on {' and '.join(where)}", needed=True)
     if not patch.kind.required:
-        return Decision(patch, Status.NOT_NEEDED, f"left off: {probe.evidence}, but {where}")
-    evidence = f"the API shape matches ({probe.evidence}), but {where}"
-    return Decision(patch, Status.REFUSED, refusal(patch, ctx, evidence, Cause.NOT_VALIDATED), Cause.NOT_VALIDATED)
+        return Decision(patch, Status.LEFT_OFF, f"not validated here: {'; '.join(why)} ({probe.evidence})",
+                        needed=True)
+    evidence = f"the API shape matches ({probe.evidence}), but {'; '.join(why)}"
+    return Decision(patch, Status.REFUSED, refusal(patch, ctx, evidence, Cause.NOT_VALIDATED), Cause.NOT_VALIDATED,
+                    needed=True)
+
+
+def unknown_disabled(known: list[str], disabled: frozenset[str] | None = None) -> list[str]:
+    """The ids in ``SPECULATORS_COMPAT_DISABLE`` (or ``disabled``) that name no patch of ``known``."""
+    disabled = _env.disabled() if disabled is None else disabled
+    return sorted(disabled - set(known) - _env.NOT_PATCHES)
+
+
+def unknown_disabled_message(unknown: list[str], known: list[str]) -> str:
+    return (f"{DISABLE_ENV} names no patch: {', '.join(unknown)}. Known ids: {', '.join(sorted(known))} "
+            "(and 'all'; 'resume' for the runner's output folder)")
+
+
+def verdict(decisions: list[Decision], ctx: Context, unknown_ids: list[str] = ()) -> tuple[bool, list[str]]:
+    """Whether the install is covered, and the reasons when it is not (the first ones first)."""
+    reasons = []
+    if ctx.vllm is None:
+        reasons.append("vLLM is not installed")
+    if ctx.speculators is None:
+        reasons.append("speculators is not installed")
+    if unknown_ids:
+        reasons.append(f"{DISABLE_ENV} names no patch: {', '.join(unknown_ids)}")
+    order = list(Cause)
+    bad = [d for d in decisions if d.uncovers]
+    bad.sort(key=lambda d: (d.status is not Status.REFUSED, order.index(d.cause) if d.cause else len(order)))
+    for d in bad:
+        reasons.append(f"{d.patch.id} {d.status.value}: {d.reason}")
+    return not reasons, reasons
 
 
 def evaluate_all(patches: list[Patch], module: ModuleType | None = None, view: Any = None,

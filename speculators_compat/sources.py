@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import inspect
 import os
-from functools import lru_cache
 from typing import Any
 
 __all__ = ["Sources", "Unevaluated", "render"]
@@ -60,15 +59,19 @@ class Sources:
     def __init__(self, top: str, root: str | None = None) -> None:
         self.top = top
         if root is None:
-            import importlib.util
+            # sys.path only: the import system's other finders (the library's own deferred hook
+            # among them) have no business in reading sources
+            from importlib.machinery import PathFinder
 
             try:
-                spec = importlib.util.find_spec(top)
+                spec = PathFinder.find_spec(top)
             except (ImportError, ValueError):
                 spec = None
             locations = list(spec.submodule_search_locations or []) if spec else []
             root = locations[0] if locations else None
         self.root = root
+        self._trees: dict[str, ast.Module | None] = {}
+        self._lines: dict[str, list[str]] = {}
 
     @property
     def found(self) -> bool:
@@ -85,8 +88,14 @@ class Sources:
                 return path
         return None
 
-    @lru_cache(maxsize=None)
     def tree(self, module: str) -> ast.Module | None:
+        """The module's syntax tree, parsed once per :class:`Sources` (freed with it: a tree
+        cached for the life of the process would cost more to tear down than to parse)."""
+        if module not in self._trees:
+            self._trees[module] = self._parse(module)
+        return self._trees[module]
+
+    def _parse(self, module: str) -> ast.Module | None:
         path = self.module_file(module)
         if path is None:
             return None
@@ -103,6 +112,12 @@ class Sources:
             return ""
         with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.read()
+
+    def lines(self, module: str) -> list[str]:
+        """The module's source lines, with their ends (split once per module)."""
+        if module not in self._lines:
+            self._lines[module] = self.text(module).splitlines(keepends=True)
+        return self._lines[module]
 
     def imports(self, module: str, top: str) -> list[tuple[str, str]]:
         """``(module, name)`` for every ``from <top>... import name`` at the top of ``module``."""
@@ -233,7 +248,7 @@ class Sources:
         hit = self.member(module, cls, name)
         if not hit:
             return ""
-        return ast.get_source_segment(self.text(hit[0]), hit[1]) or ""
+        return _segment(self.lines(hit[0]), hit[1])
 
     # -- signatures ------------------------------------------------------------------------
     def params(self, module: str, name: str, method: str | None = None) -> dict[str, inspect.Parameter] | None:
@@ -357,3 +372,22 @@ class StaticView:
         if params is None:
             raise LookupError(f"cannot read {what} from the installed sources")
         return params
+
+
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """The source of ``node`` (as ``ast.get_source_segment``, from lines split once)."""
+    end = getattr(node, "end_lineno", None)
+    if end is None:
+        return ""
+    first, last = node.lineno - 1, end - 1
+    if first == last:
+        return _cut(lines[first], node.col_offset, node.end_col_offset)
+    head = _cut(lines[first], node.col_offset, None)
+    tail = _cut(lines[last], 0, node.end_col_offset)
+    return head + "".join(lines[first + 1:last]) + tail
+
+
+def _cut(line: str, start: int, stop: int | None) -> str:
+    # the AST's column offsets count UTF-8 bytes
+    data = line.encode("utf-8")
+    return data[start:stop].decode("utf-8", errors="replace")

@@ -38,17 +38,21 @@ def test_the_ci_label_is_what_ci_runs():
         assert "tox -m ci" in fh.read()
 
 
-def test_merge_replaces_a_run_of_the_same_key(tmp_path):
+def test_merge_adds_a_run_and_replaces_only_the_same_days_run_of_its_environment(tmp_path):
     table = tmp_path / "validated.json"
     shapes = ["llama", "qwen3"]
-    first = matrix.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
-                                                        "platform": "cpu", "applied": ["x"], "models": shapes})
+    run = {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0", "platform": "cpu", "models": shapes}
+    first = matrix.write_run(str(tmp_path / "a"), {**run, "applied": ["x"], "date": "2026-12-01"})
     matrix.merge([first], str(table))
-    again = matrix.write_run(str(tmp_path / "b"), {"env": "e", "vllm": "0.16.0", "speculators": "0.3.0",
-                                                        "platform": "cpu", "applied": ["y", "x"], "models": shapes})
+    again = matrix.write_run(str(tmp_path / "b"), {**run, "applied": ["y", "x"], "date": "2026-12-03"})
     matrix.merge([again], str(table))
     runs = validation.load.__wrapped__(str(table))["runs"]
-    assert [r["applied"] for r in runs] == [["x", "y"]]
+    assert [r["applied"] for r in runs] == [["x"], ["x", "y"]]
+    same_day = matrix.write_run(str(tmp_path / "c"), {**run, "applied": ["x", "y", "z"], "date": "2026-12-03"})
+    matrix.merge([same_day], str(table))
+    runs = validation.load.__wrapped__(str(table))["runs"]
+    assert [r["applied"] for r in runs] == [["x"], ["x", "y", "z"]]
+    assert validation.table({"runs": runs})["speculators"]["0.3"]["patches"]["z"]["vllm"] == ["0.16.0"]
 
 
 def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
@@ -76,4 +80,4 @@ def test_check_guards_every_generated_file():
     data, envs = matrix.load()
     requirements = {e.requirements for e in envs}
     requirements |= {matrix.os.path.join(matrix.REQUIREMENTS, f"overrides-torch-{t}.txt") for t in data["torch"]}
-    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC} | requirements
+    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC, matrix.SUPPORTED} | requirements

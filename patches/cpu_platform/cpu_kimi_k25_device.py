@@ -95,6 +95,7 @@ PATCH = Patch(
     api=f"{KIMI}.{CLASS}.__init__",
     side=Side.WORKER,
     kind=Kind.PLATFORM,
+    vllm=">=0.15,<0.16",
     after=("cpu-moe-activation",),  # listing order only
     target=WORKER,
     speculators=SPECULATORS_ALL,

@@ -112,6 +112,7 @@ PATCH = Patch(
     api=f"{MOE}.{LAZY}.__missing__",
     side=Side.WORKER,
     kind=Kind.PLATFORM,
+    vllm=">=0.14,<0.15",
     after=("cpu-rms-norm-strided",),  # listing order only
     target=WORKER,
     speculators=SPECULATORS_ALL,

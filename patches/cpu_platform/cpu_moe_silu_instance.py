@@ -115,6 +115,7 @@ PATCH = Patch(
     api=f"{MOE}.{TABLE}[MoEActivation.SILU]",
     side=Side.WORKER,
     kind=Kind.PLATFORM,
+    vllm=">=0.20,<0.25",
     family="cpu-moe-activation",
     after=("cpu-rms-norm-strided",),  # listing order only
     target=WORKER,

@@ -165,6 +165,7 @@ PATCH = Patch(
     api="vllm._custom_ops.rms_norm / fused_add_rms_norm on the CPU platform",
     side=Side.WORKER,
     kind=Kind.PLATFORM,
+    vllm=">=0.12,<0.14",
     after=("cpu-rotary-3d",),  # listing order only
     target=WORKER,
     speculators=SPECULATORS_ALL,

@@ -33,7 +33,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import WORKER
 
 from .._probes import vllm_module
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 
 def _rotary():
@@ -92,7 +92,7 @@ PATCH = Patch(
     side=Side.WORKER,
     kind=Kind.PLATFORM,
     target=WORKER,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -19,7 +19,7 @@ who sets ``OMP_NUM_THREADS`` gets exactly that.
 Detection: ``vllm.v1.executor.multiproc_executor`` calls ``torch.set_num_threads``: new.
 Otherwise not needed.
 
-A feature (same data, less time): left off where no validation run recorded it. Remove when
+Performance only (same data, less time); it does not depend on the vLLM release. Remove when
 the stock generator no longer post-processes in the executor's parent process.
 """
 
@@ -32,7 +32,7 @@ import os
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
 
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
 #: the most torch threads put back (see the docstring's measurement)
@@ -87,10 +87,11 @@ PATCH = Patch(
     delta="starting the executor sets the parent's torch threads to 1 -> restored after it started",
     api="vllm.v1.executor.multiproc_executor.set_multiprocessing_worker_envs",
     side=Side.DRIVER,
-    kind=Kind.FEATURE,
+    kind=Kind.PERFORMANCE,
+    depends_on=(),
     after=("dtype",),  # wraps __init__ outside it
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

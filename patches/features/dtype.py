@@ -24,7 +24,7 @@ from speculators_compat.sources import render
 from speculators_compat.targets import GENERATOR
 
 from .._probes import params, static_params
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 ENV = "SPECULATORS_COMPAT_DTYPE"
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
@@ -74,7 +74,7 @@ PATCH = Patch(
     kind=Kind.FEATURE,
     after=("runner-v1",),  # wraps __init__ outside it
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

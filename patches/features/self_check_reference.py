@@ -35,7 +35,7 @@ from speculators_compat import selfcheck
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import WORKER
 
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
+from .._ranges import SPECULATORS_03
 from ..vllm_api.v3 import find_base_model
 
 log = logging.getLogger("speculators_compat")
@@ -102,7 +102,7 @@ PATCH = Patch(
     kind=Kind.FEATURE,
     after=("v3", "shm-transport"),  # hooks after v3's capture hooks; its test faults wrap the store outermost
     target=WORKER,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,

@@ -28,7 +28,7 @@ Detection: the stock ``_get_captured_states`` returns the per-layer ``torch.cat`
 ``self._captured_states`` and ``_store_captured_states`` exists (speculators 0.3.x): new. speculators 0.4.x returns a dict by
 request id: not for it. A ``/dev/shm`` that does not exist: not needed (the stock path runs).
 
-A feature (same data, less time): left off where no validation run recorded it. Remove when
+Performance only (same data, less time): left off where no validation run applied it. Remove when
 speculators moves captured states without pickling them (0.5 replaced the generator).
 """
 
@@ -42,7 +42,7 @@ from speculators_compat.targets import WORKER
 from speculators_compat import transport
 
 from .._probes import source_of
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_03
+from .._ranges import SPECULATORS_03
 from .offload_captured import wait_copies
 
 METHOD = "_get_captured_states"
@@ -115,10 +115,10 @@ PATCH = Patch(
     delta="collective_rpc pickles the call's captured states (GBs, < 1 GB/s) -> one /dev/shm file, mapped",
     api="speculators HiddenStatesWorkerExtension._get_captured_states",
     side=Side.WORKER,
-    kind=Kind.FEATURE,
+    kind=Kind.PERFORMANCE,
     after=("offload-captured",),  # wraps _get_captured_states outside it, waits for its copies
     target=WORKER,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,

@@ -29,11 +29,9 @@ no tokenizer call, or the generator trusts no remote code at all (old: not neede
 (unknown).
 
 Kind: a feature (it lets models with a remote-code tokenizer run; it changes no data, and
-without it those models fail loudly before the engine starts): it applies on releases whose
-validation record lists it and is left off elsewhere, so a release validated before it existed
-stays usable for every other model.
-Range: vLLM 0.11.1 and later (the delta does not depend on vLLM; on 0.11.0, what speculators
-0.3.0 was written for, nothing of ours wraps the stock code). Covers: speculators 0.3.x and 0.4.x
+without it those models fail loudly before the engine starts). Its delta is in speculators, not
+in vLLM: it applies wherever its probe finds it, on every release from vLLM 0.11.1 (on 0.11.0,
+what speculators 0.3.0 was written for, nothing of ours wraps the stock code). Covers: speculators 0.3.x and 0.4.x
 (same code).
 Remove when speculators passes ``trust_remote_code`` to its tokenizer load.
 """
@@ -47,7 +45,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
 
 from .._probes import generate_probes
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 
@@ -127,8 +125,9 @@ PATCH = Patch(
     api="speculators VllmHiddenStatesGenerator.__init__: AutoTokenizer.from_pretrained",
     side=Side.DRIVER,
     kind=Kind.FEATURE,
+    depends_on=(),
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -18,8 +18,8 @@ goes through unchanged. A kill leaves at most a temporary file, which the next r
 sets aside.
 
 Detection: ``torch.save`` takes ``(obj, f, ...)``; ``Path.write_text`` / ``write_bytes``
-take ``(data, ...)``. A guard: where the validation record covering the installed vLLM does not
-list it, it is left off (the stock writes go straight to the final name).
+take ``(data, ...)``. A guard that does not depend on the vLLM release: applied wherever its
+probe finds these calls.
 
 Covers: speculators 0.3.x and 0.4.x from vLLM 0.11.1 on (the same torch and stdlib calls on
 every release).
@@ -35,7 +35,7 @@ import pathlib
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
 
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 
 def _judge(save_params: list[str] | None) -> Probe:
@@ -101,9 +101,10 @@ PATCH = Patch(
     api="torch.save / pathlib.Path.write_text / pathlib.Path.write_bytes",
     side=Side.DRIVER,
     kind=Kind.GUARD,
+    depends_on=(),
     after=("guard-input",),  # listing order only
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -33,7 +33,7 @@ from speculators_compat.targets import GENERATOR
 
 from .._idle_output import forget_idle
 from .._probes import generator_patch
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 
@@ -155,9 +155,10 @@ PATCH = Patch(
     api="VllmHiddenStatesGenerator.__init__/generate",
     side=Side.DRIVER,
     kind=Kind.GUARD,
+    depends_on=(),
     after=("driver-threads", "guard-output", "self-check"),  # wraps __init__, the output check and the self-check
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -25,7 +25,7 @@ from speculators_compat.registry import Kind, Patch, Side
 from speculators_compat.targets import GENERATOR
 
 from .._probes import generator_patch
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 
 def check(generator, inputs, results) -> None:
@@ -79,9 +79,10 @@ PATCH = Patch(
     api="VllmHiddenStatesGenerator.generate",
     side=Side.DRIVER,
     kind=Kind.GUARD,
+    depends_on=(),
     after=("s04-result-order", "results-in-place"),  # checks what the repaired generate() returns
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -58,6 +58,7 @@ PATCH = Patch(
     api="the vLLM APIs of VllmHiddenStatesGenerator and its worker extension",
     side=Side.DRIVER,
     kind=Kind.GUARD,
+    depends_on=(),
     after=("validated-release",),  # the release is judged before its APIs
     target=GENERATOR,
     speculators=SPECULATORS_ALL,

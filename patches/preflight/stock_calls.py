@@ -139,6 +139,7 @@ PATCH = Patch(
     static_probe=static_probe,
     apply=apply,
     kind=Kind.GUARD,
+    depends_on=(),
     # binds the calls as these edit them; after every repair and feature
     after=("v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v5", "v6", "driver-threads"),
     preflight=True,

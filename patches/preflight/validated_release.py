@@ -6,13 +6,14 @@ order of a step's tokens, a kernel, a default): only an end-to-end comparison wi
 transformers shows that. A release whose line (``major.minor``) the test matrix never validated
 with the installed speculators line must not run, even if every probe is content.
 
-How: nothing is wrapped. The check looks up the validation record that covers the installed
+How: nothing is wrapped. The check looks up the validated release that covers the installed
 vLLM (:mod:`speculators_compat.validation`: the newest validated release of the same line that is
-not newer than the installed base release) and refuses when there is none, naming the validated
-releases. Later patch releases and nightlies of a validated line are covered by it (their shapes
+not newer than the installed base release, validated on the installed transformers major line)
+and refuses when there is none, naming the validated releases (or the transformers release to
+pin, where the vLLM line was validated on the other transformers major line). Later patch releases and nightlies of a validated line are covered by it (their shapes
 are still checked by every probe and by ``api-inventory``).
 
-Detection: ``speculators_compat/validated.json``, written by the test matrix
+Detection: ``speculators_compat/supported.json``, generated from the test matrix's runs
 (``python tests/matrix.py record``).
 
 Remove: never; add the release to the matrix instead.
@@ -20,7 +21,7 @@ Remove: never; add the release to the matrix instead.
 
 from __future__ import annotations
 
-from speculators_compat.registry import Cause, Kind, Patch, Probe, Side, context
+from speculators_compat.registry import Cause, Kind, Patch, Probe, Side, context, uncovered_release
 from speculators_compat.targets import GENERATOR
 
 from .._ranges import SPECULATORS_ALL
@@ -32,15 +33,12 @@ def _judge(prior=None, installed=None) -> Probe:  # noqa: ARG001 (a preflight ch
         rec = ctx.record
         line = f"{ctx.vllm.base.major}.{ctx.vllm.base.minor}"
         same = "" if str(ctx.vllm.base) == rec.vllm else f", the newest validated release of the {line} line"
-        return Probe.new(f"covered by the validation of vLLM {rec.vllm}{same} ({', '.join(rec.platforms)})")
+        return Probe.new(f"covered by the validation of vLLM {rec.vllm}{same} ({', '.join(rec.platforms)}; "
+                         f"transformers {', '.join(rec.transformers)})")
     if ctx.recording:
         return Probe.new(f"vLLM {ctx.vllm.base}: recording a validation run")
-    spec = f"{ctx.speculators.base.major}.{ctx.speculators.base.minor}"
-    return Probe.unknown(
-        f"no release of the vLLM {ctx.vllm.base.major}.{ctx.vllm.base.minor} line was validated with speculators "
-        f"{spec} (validated: {', '.join(ctx.validated) or 'none'})",
-        Cause.NOT_VALIDATED,
-    )
+    return Probe.unknown(f"{uncovered_release(ctx)} (validated: {', '.join(ctx.validated) or 'none'})",
+                         Cause.NOT_VALIDATED)
 
 
 def probe(module, prior) -> Probe:  # noqa: ARG001
@@ -67,6 +65,7 @@ PATCH = Patch(
     static_probe=static_probe,
     apply=apply,
     kind=Kind.GUARD,
+    depends_on=(),  # it is the release check itself
     preflight=True,
     upstream="-",
     remove_when="never: add the release to the test matrix (tests/matrix.toml)",

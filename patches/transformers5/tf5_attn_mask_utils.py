@@ -129,6 +129,7 @@ PATCH = Patch(
     static_probe=static_probe,
     apply=apply,
     kind=Kind.PLATFORM,
+    depends_on=("transformers",),
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

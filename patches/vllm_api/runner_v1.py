@@ -35,7 +35,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import GENERATOR
 
 from .._probes import source_of
-from .._ranges import SINCE_TWO_PHASE, SPECULATORS_ALL
+from .._ranges import SPECULATORS_ALL
 
 VAR = "VLLM_USE_V2_MODEL_RUNNER"
 CONFIG = "vllm.config.vllm"
@@ -96,7 +96,7 @@ PATCH = Patch(
     kind=Kind.FIX,
     after=("tokenizer-trust",),  # wraps __init__ outside it
     target=GENERATOR,
-    vllm=SINCE_TWO_PHASE,
+    vllm=">=0.22",
     speculators=SPECULATORS_ALL,
     probe=probe,
     static_probe=static_probe,

@@ -88,6 +88,7 @@ PATCH = Patch(
     api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",
     side=Side.DRIVER,
     kind=Kind.DELTA,
+    vllm=">=0.12",
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

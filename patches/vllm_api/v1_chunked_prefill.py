@@ -61,6 +61,7 @@ PATCH = Patch(
     api="vllm.config.SchedulerConfig(enable_chunked_prefill=)",
     side=Side.DRIVER,
     kind=Kind.FIX,
+    vllm=">=0.11.1",
     after=("v1", "v1-prefix-caching"),  # wraps SchedulerConfig outside v1; after v1-prefix-caching: listing order only
     target=GENERATOR,
     speculators=SPECULATORS_03,

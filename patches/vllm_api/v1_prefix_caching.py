@@ -60,6 +60,7 @@ PATCH = Patch(
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
     side=Side.DRIVER,
     kind=Kind.DELTA,
+    vllm=">=0.12",
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

@@ -64,6 +64,7 @@ PATCH = Patch(
     api="vllm.v1.core.sched.scheduler.Scheduler",
     side=Side.DRIVER,
     kind=Kind.DELTA,
+    vllm=">=0.11.1",
     after=("tokenizer-trust",),  # listing order only
     target=GENERATOR,
     speculators=SPECULATORS_03,

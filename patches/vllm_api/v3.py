@@ -148,6 +148,7 @@ PATCH = Patch(
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
     side=Side.WORKER,
     kind=Kind.DELTA,
+    vllm=">=0.11.1",
     family="capture",
     target=WORKER,
     speculators=SPECULATORS_03,

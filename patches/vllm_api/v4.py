@@ -95,6 +95,7 @@ PATCH = Patch(
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.collective_rpc",
     side=Side.DRIVER,
     kind=Kind.DELTA,
+    vllm=">=0.11.1",
     after=("v6",),  # listing order only
     target=GENERATOR,
     speculators=SPECULATORS_03,

@@ -103,6 +103,7 @@ PATCH = Patch(
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens",
     side=Side.DRIVER,
     kind=Kind.DELTA,
+    vllm=">=0.11.1",
     after=("v1-chunked-prefill", "v2", "v7", "pipelined-steps"),  # wraps SchedulerConfig, Scheduler and MultiprocExecutor outside them
     target=GENERATOR,
     speculators=SPECULATORS_03,

@@ -94,6 +94,7 @@ PATCH = Patch(
     api="vllm.v1.request.Request(eos_token_id=) / vllm.sampling_params.SamplingParams.update_from_generation_config",
     side=Side.DRIVER,
     kind=Kind.DELTA,
+    vllm=">=0.17",
     after=("tokenizer-trust",),  # listing order only
     target=GENERATOR,
     speculators=SPECULATORS_ALL,

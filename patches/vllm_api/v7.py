@@ -118,6 +118,7 @@ PATCH = Patch(
     "vllm.v1.attention.backends.utils.resolve_kv_cache_layout",
     side=Side.DRIVER,
     kind=Kind.DELTA,
+    vllm=">=0.29",
     after=("v4",),  # wraps MultiprocExecutor outside v4's proxy
     target=GENERATOR,
     speculators=SPECULATORS_ALL,
