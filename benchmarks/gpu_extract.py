@@ -3,6 +3,7 @@
     python benchmarks/gpu_extract.py build ROOT                 # the random bf16 Llamas (no vLLM needed)
     python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before]
     python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR] [--prefill-json BENCH_FILE]
+    python benchmarks/gpu_extract.py selfcheck MODEL --out FILE [--tp N] [--prompts 32] [--len 1024]
 
 ``bench``: one process, every engine alive on the same GPU, built once: vLLM's own eager prefill
 (``LLM(enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.3)``,
@@ -13,8 +14,9 @@ captured). ``--before``: also with ``results-in-place`` and ``pipelined-steps`` 
 (``extract_before``: how every call ran before those patches). ``--async``: ``extract`` runs its
 steps synchronously (``SPECULATORS_COMPAT_ASYNC_STEPS=0``) and a second generator, as installed,
 runs ``extract_async``, whose rows are compared bit for bit with ``extract``'s. After a warm-up the
-modes alternate in a rotated order, ``--rounds`` times; each call is timed between CUDA
-synchronisations. ``--sched-ab``: also vLLM's prefill with the generator's scheduler settings
+modes alternate in a rotated order, ``--rounds`` times; ``extract_nocheck`` is ``extract`` with the
+self-check off (``SPECULATORS_COMPAT_SELF_CHECK=0``: its cost is the ratio of the two, its own
+seconds per call are in ``self_check_s``); each call is timed between CUDA synchronisations. ``--sched-ab``: also vLLM's prefill with the generator's scheduler settings
 (``prefill_gen_sched``: its tokens and sequences per step, whole prompts, the V1 runner).
 Reported: tokens/s per call and their medians, the ratios to the prefill (and the model's bar,
 ``TARGETS``), where an extraction call's time went (``before_steps_s``: from the call to its first
@@ -38,6 +40,15 @@ bounds the run (``limited_by``) and the ratio to it; the start-up and the teardo
 call's seconds; the held results' peak and the time ``generate()`` waited for them (the run's
 summary line); the driver's and its workers' resident memory and ``/dev/shm`` use, sampled every
 0.2 s (bounded: the held results wait).
+
+``selfcheck``: the self-check's separation on MODEL (any checkpoint: the GPU tests' Llama,
+DeepSeek-V3 MLA and Kimi-shaped INT4 models, ``tests/gpu/models.py``), with the stock default
+layers: every sequence checked, with no threshold, on correct rows and with each test-only fault
+(two sequences' rows swapped, rows shifted by one, the last row dropped, the last layer captured
+after the norm or without the residual), then with the last layer not among the captured ones
+(the workers capture it for the check). Reported per case: the largest difference of the correct
+sequences and the smallest worst difference of the faulted ones (relative; nats beside), and
+their ratio to the default threshold.
 
 Ratios only, measured in one process: absolute figures vary with the machine.
 """
@@ -102,6 +113,7 @@ def build(root: Path, names) -> dict:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         with torch.device(device):
             model = LlamaForCausalLM(config).to(torch.bfloat16)
+        tiny.randomize_final_norm(model)  # as a trained model's: a row normed twice differs (self-check)
         model.save_pretrained(str(path), safe_serialization=True)
         tiny.build_tokenizer(path, vocab_size=384)
         del model
@@ -330,7 +342,24 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
             gen.executor.collective_rpc(w_hooks, args=(True, layer_ids))
         return {"before_steps_s": (marks.first_step - t0) if marks.first_step else None}
 
-    modes = {"prefill": lambda: prefill() or {}, "extract": lambda: extract(False), "steps_nohooks": nohooks}
+    from speculators_compat import selfcheck
+
+    def extract_nocheck():
+        os.environ[selfcheck.SELF_CHECK_ENV] = "0"
+        try:
+            return extract(False)
+        finally:
+            os.environ.pop(selfcheck.SELF_CHECK_ENV, None)
+
+    def extract_checked():
+        totals = selfcheck.totals_of(gen)
+        before = totals.seconds
+        out = extract(False)
+        out["self_check_s"] = totals.seconds - before
+        return out
+
+    modes = {"prefill": lambda: prefill() or {}, "extract": extract_checked, "extract_nocheck": extract_nocheck,
+             "steps_nohooks": nohooks}
     if sched_ab:  # vLLM's own prefill with the generator's scheduler settings (and, after runner-v1, its V1 runner)
         g = report["generator_engine"]
         t = time.time()
@@ -398,13 +427,17 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     report["ratio"] = {m: round(v / med["prefill"], 3) for m, v in med.items()}
     report["breakdown_median_s"] = {
         m: {k: round(statistics.median(c[k] for c in calls if k in c), 4)
-            for k in ("s", "before_steps_s", "steps_s", "reply_s", "after_reply_s", "guard_s", "wait_copies_s")
+            for k in ("s", "before_steps_s", "steps_s", "reply_s", "after_reply_s", "guard_s", "wait_copies_s",
+                      "self_check_s")
             if any(k in c for c in calls)}
         for m, calls in report["calls"].items() if m != "prefill"}
     best = "extract_async" if async_too else "extract"  # the generator as installed
     report["ratio_as_installed"] = report["ratio"][best]
     if report["target"] is not None:
         report["meets_target"] = report["ratio_as_installed"] >= report["target"] and not report["missing_features"]
+    if "extract_nocheck" in med:
+        report["self_check_cost"] = round(med["extract_nocheck"] / med["extract"] - 1, 4)  # 0.02 = 2 %
+        report["self_check"] = selfcheck.summary(gen)
     report["peak_rss_gib"] = round(peak_rss, 2)  # the driver: every engine of the benchmark in one process
     worker_calls = [c for m in ("extract", "extract_before") for c in report["calls"].get(m, [])]
     report["worker_peak_device_gib"] = max((c.get("peak_device_gib", 0.0) for c in worker_calls), default=None)
@@ -414,7 +447,8 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     print(json.dumps({k: report.get(k) for k in ("model", "median_tokens_s", "ratio", "ratio_as_installed", "target",
                                                  "meets_target", "missing_features", "breakdown_median_s",
                                                  "peak_rss_gib", "worker_peak_device_gib", "worker_peak_rss_gib",
-                                                 "async_scheduling", "async_equal", "nohooks_error")}),
+                                                 "async_scheduling", "async_equal", "nohooks_error",
+                                                 "self_check_cost")}),
           flush=True)
     for g in (gen, locals().get("gen_async")):
         if g is not None:
@@ -649,6 +683,74 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
     return report
 
 
+def separation(model: str, out: Path, tp: int, n: int, length: int, util: float, dtype: str) -> dict:
+    """The self-check's differences on correct rows and with each test-only fault (see the docstring)."""
+    import random
+
+    from speculators_compat import selfcheck
+
+    os.environ.update({selfcheck.TEST_FAULT_ENV: "none", selfcheck.SELF_CHECK_ENV: "all",
+                       selfcheck.TOLERANCE_ENV: "inf"})
+    if dtype != "auto":
+        os.environ["SPECULATORS_COMPAT_DTYPE"] = dtype
+    import speculators_compat
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    layers_n = text["num_hidden_layers"]
+    rng = random.Random(3)
+    lengths = [1, 2, 3] + [rng.randint(length // 8, length) for _ in range(max(0, n - 3))]
+    batch = [[rng.randrange(3, min(text["vocab_size"], 400) - 1) for _ in range(k)] for k in lengths]
+    t = time.time()
+    gen = VllmHiddenStatesGenerator(model, layer_ids=None, max_model_len=length + 1, tensor_parallel_size=tp,
+                                    gpu_memory_utilization=util)
+    report: dict = {"model": model, "tp": tp, "dtype": dtype, "layers": list(gen.layer_ids), "prompts": len(batch),
+                    "tokens": sum(lengths), "generator_init_s": round(time.time() - t, 1),
+                    "applied_driver": speculators_compat.applied_ids(), "tolerance": selfcheck.DEFAULT_TOLERANCE,
+                    "cases": {}}
+    if "self-check" not in report["applied_driver"]:
+        raise SystemExit("self-check does not apply here (a release whose validation record does not list it: "
+                         "run with SPECULATORS_COMPAT_RECORD=<a scratch folder>)")
+    long = [i for i, ids in enumerate(batch) if len(ids) >= 2]
+    faulted = {"swap": long[:2], "shift": long[:1], "drop": [0]}
+
+    def case(key, fault):
+        os.environ[selfcheck.TEST_FAULT_ENV] = fault
+        t = time.perf_counter()
+        gen.generate(batch)
+        dt = time.perf_counter() - t
+        last = selfcheck.totals_of(gen).last
+        hit = faulted.get(fault, [r["sequence"] for r in last] if fault != "none" else [])
+        good = [r for r in last if r["sequence"] not in hit]
+        bad = [r for r in last if r["sequence"] in hit]
+        row = {"s": round(dt, 3),
+               "correct_max": max((r["worst"] for r in good), default=None),
+               "correct_max_nats": max((r["nats"] for r in good), default=None),
+               "faulted_min": min((r["worst"] for r in bad), default=None),
+               "faulted_min_nats": min((r["nats"] for r in bad), default=None)}
+        if row["faulted_min"] is not None:
+            row["faulted_min_over_threshold"] = round(row["faulted_min"] / selfcheck.DEFAULT_TOLERANCE, 2)
+        if row["correct_max"]:
+            row["threshold_over_correct_max"] = round(selfcheck.DEFAULT_TOLERANCE / row["correct_max"], 1)
+        report["cases"][key] = row
+        out.write_text(json.dumps(report, indent=1))
+        print(key, json.dumps(row), flush=True)
+
+    case("warm-up", "none")
+    for fault in ("none", *selfcheck.DRIVER_FAULTS, *selfcheck.WORKER_FAULTS):
+        case(fault, fault)
+    layers = list(gen.layer_ids)
+    gen.layer_ids = [i for i in layers if i != layers_n - 1]
+    gen._setup_capture()
+    for fault in ("none", *selfcheck.WORKER_FAULTS):
+        case(f"own:{fault}", fault)
+    report["self_check_s"] = round(selfcheck.totals_of(gen).seconds, 2)
+    out.write_text(json.dumps(report, indent=1))
+    gen.executor.shutdown()
+    os._exit(0)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -680,8 +782,18 @@ def main(argv=None):
     s.add_argument("--util", type=float, default=0.5)
     s.add_argument("--save-gib", type=float, default=2.0, help="the save path's own bandwidth on this much (0: skip)")
     s.add_argument("--prefill-json", help="a bench report of the same model: the run against its prefill")
+    c = sub.add_parser("selfcheck")
+    c.add_argument("model")
+    c.add_argument("--out", required=True)
+    c.add_argument("--tp", type=int, default=1)
+    c.add_argument("--prompts", type=int, default=32)
+    c.add_argument("--len", type=int, default=1024)
+    c.add_argument("--util", type=float, default=0.5)
+    c.add_argument("--dtype", default="auto", help="float32 or bfloat16 for a CPU dry run")
     args = ap.parse_args(argv)
-    if args.cmd == "build":
+    if args.cmd == "selfcheck":
+        separation(args.model, Path(args.out), args.tp, args.prompts, args.len, args.util, args.dtype)
+    elif args.cmd == "build":
         print(json.dumps(build(Path(args.root), args.names)))
     elif args.cmd == "bench":
         from speculators_compat.patches.features import pipelined_steps

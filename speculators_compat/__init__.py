@@ -14,7 +14,8 @@ import os
 
 from . import _checkout, _env
 from ._log import logger as _logger
-from .errors import CaptureContractError, CompatError, IncompatibleVllmError, InvalidInputError, WorkerDiedError
+from .errors import (CaptureContractError, CompatError, IncompatibleVllmError, InvalidInputError, SelfCheckError,
+                     WorkerDiedError)
 from .hooks import applied_ids, apply, install, reset, revert, status
 
 __version__ = "0.1.0"
@@ -31,6 +32,7 @@ __all__ = [
     "IncompatibleVllmError",
     "InvalidInputError",
     "CaptureContractError",
+    "SelfCheckError",
     "WorkerDiedError",
 ]
 

@@ -8,6 +8,13 @@
 ``SPECULATORS_COMPAT_VERBOSE``  ``1``/``true``/``yes``: log which patch applied where, to stderr.
 ``SPECULATORS_COMPAT_RECORD``   a folder: this is a validation run of the test matrix (see
                                 :mod:`speculators_compat.validation`); never set it for real work.
+``SPECULATORS_COMPAT_SELF_CHECK``  sequences per ``generate()`` call whose last-layer rows are
+                                checked against the model's own log-probs (default 1; ``0``: off;
+                                ``all``); :mod:`speculators_compat.selfcheck`.
+``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE``  the relative difference a checked position may have.
+``SPECULATORS_COMPAT_UNVALIDATED``  ``self-check``: run on a vLLM release no validation run covers,
+                                with the self-check on every sequence of the first calls and on the
+                                sampled ones after (it stops the run at the first mismatch).
 """
 
 from __future__ import annotations
@@ -17,6 +24,11 @@ import os
 DISABLE = "SPECULATORS_COMPAT_DISABLE"
 VERBOSE = "SPECULATORS_COMPAT_VERBOSE"
 RECORD = "SPECULATORS_COMPAT_RECORD"
+SELF_CHECK = "SPECULATORS_COMPAT_SELF_CHECK"
+SELF_CHECK_TOLERANCE = "SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE"
+UNVALIDATED = "SPECULATORS_COMPAT_UNVALIDATED"
+#: the one value ``SPECULATORS_COMPAT_UNVALIDATED`` takes
+UNVALIDATED_SELF_CHECK = "self-check"
 
 _ALL = frozenset({"all", "*", "1"})
 #: the ids of SPECULATORS_COMPAT_DISABLE that are not patch ids
@@ -42,3 +54,13 @@ def verbose() -> bool:
 def record_dir() -> str | None:
     """The folder of a validation run (``SPECULATORS_COMPAT_RECORD``), or None."""
     return os.environ.get(RECORD, "").strip() or None
+
+
+def unvalidated() -> str | None:
+    """``SPECULATORS_COMPAT_UNVALIDATED``, lower-cased (``None`` when unset)."""
+    return os.environ.get(UNVALIDATED, "").strip().lower() or None
+
+
+def unvalidated_self_check() -> bool:
+    """The user opted in to a release no validation run covers, under the self-check."""
+    return unvalidated() == UNVALIDATED_SELF_CHECK

@@ -9,8 +9,8 @@ it was validated) and delta, and every vLLM API the stock code uses with its sha
 
 Statuses: ``applies``; ``not needed`` (the delta is absent, or the patch is not written for this
 release); ``left off`` (the delta is present but no validation run applied the patch here: a
-repair is refused instead); ``disabled``; ``refused``. A performance patch left off or disabled
-does not make the install uncovered: the stock data path runs (same rows, more time or memory).
+repair is refused instead); ``disabled``; ``refused``. An optional patch (a performance patch, the
+self-check) left off or disabled does not make the install uncovered: the same rows come back.
 
 By default nothing is imported: versions come from package metadata, and every patch's static
 probe reads the installed vLLM and speculators sources (no GPU needed, torch and vLLM untouched).
@@ -27,7 +27,7 @@ Exit codes: 0 -- covered; 1 -- not covered; 2 -- the check itself failed.
      "validation": {"vllm": str, "platforms": [str], "transformers": [str]}|null,
      "covered": bool, "reasons": [str], "unknown_disabled": [str],
      "patches": [{"id", "title", "side", "kind", "family", "delta", "target", "vllm_range",
-                  "speculators", "depends_on", "status", "needed", "cause", "reason"}],
+                  "speculators", "depends_on", "optional", "status", "needed", "cause", "reason"}],
      "apis": [{"api", "found", "status", "releases", "expected", "difference" (unknown only)}]}
 
 ``validation``: the validated release that covers the installed vLLM (null: none does).
@@ -37,8 +37,9 @@ its target); ``needed``: whether its delta is present (null: not probed); ``caus
 refusal: "unknown shape", "call does not bind", "not validated", "apply failed" (else null).
 ``status`` of an API: "known", "compatible", "unknown"; ``releases``: the validated releases with
 that shape (for "compatible", those of the signature it extends); ``expected``: the other
-recorded shapes, by signature. Schema 4 (from schema 3): ``reasons``, ``unknown_disabled``,
-``needed``, ``depends_on`` and the status "left off" added; ``validation.applied`` replaced by
+recorded shapes, by signature. ``optional``: the install is covered without the patch (the same
+rows come back). Schema 4 (from schema 3): ``reasons``, ``unknown_disabled``, ``needed``,
+``depends_on``, ``optional`` and the status "left off" added; ``validation.applied`` replaced by
 ``validation.transformers``.
 """
 
@@ -139,7 +140,7 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
 #: the one-line reason of a patch that does not apply, by status
 _SHORT = {
     "not needed": lambda p: p["reason"].split(":")[0] if p["reason"].startswith("delta absent") else p["reason"],
-    "left off": lambda p: "not validated here" + (" (the stock data path runs)" if p["kind"] == "performance" else ""),
+    "left off": lambda p: "not validated here" + (" (the same rows without it)" if p["optional"] else ""),
     "disabled": lambda p: f"{DISABLED_BY}" + (" -- its delta is present" if p["needed"] else ""),
     "refused": lambda p: p["cause"] or "refused",
     "pending": lambda p: p["reason"],
@@ -152,11 +153,10 @@ def _text(rep: dict, verbose: bool = False) -> str:
 
     lines = ["covered: yes" if rep["covered"] else "covered: NO"]
     lines += [f"  - {r}" for r in rep["reasons"]]
-    without = [p["id"] for p in rep["patches"] if p["kind"] == "performance" and p["needed"]
+    without = [p["id"] for p in rep["patches"] if p["optional"] and p["needed"]
                and p["status"] in ("left off", "disabled")]
     if without:
-        lines.append(f"  without {', '.join(without)}: performance only (the stock data path runs: same rows, "
-                     "more time or memory)")
+        lines.append(f"  without {', '.join(without)}: optional (the same rows come back: slower, or unchecked)")
     v = rep["vllm"]
     build = f", {'CPU' if v['cpu_build'] else 'GPU'} build" if v else ""
     vllm = f"{v['distribution']} {v['version']} ({v['kind']}{build})" if v else "vLLM not installed"

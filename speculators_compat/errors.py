@@ -7,6 +7,7 @@ __all__ = [
     "IncompatibleVllmError",
     "InvalidInputError",
     "CaptureContractError",
+    "SelfCheckError",
     "WorkerDiedError",
 ]
 
@@ -25,6 +26,10 @@ class InvalidInputError(CompatError, ValueError):
 
 class CaptureContractError(CompatError):
     """The captured hidden states do not satisfy the output contract."""
+
+
+class SelfCheckError(CaptureContractError):
+    """A checked sequence's last-layer rows do not give the model's own next-token log-probs."""
 
 
 class WorkerDiedError(CompatError):

@@ -177,6 +177,12 @@ def apply_module(module: ModuleType) -> list[Decision]:
         out.append(decision)
     refused = [d for d in out if d.status is Status.REFUSED]
     message = refusal_message(refused) if refused else ""
+    opt_in = [d for d in out if d.patch.id in targets.UNVALIDATED_REQUIRES.get(name, ())
+              and d.status is not Status.APPLIES] if ctx.unvalidated and ctx.record is None else []
+    if opt_in:  # the self-check opt-in without the self-check would run an unvalidated release blind
+        message = " | ".join(filter(None, [message or "speculators_compat refuses to run", *(
+            f"[{d.patch.id}] SPECULATORS_COMPAT_UNVALIDATED=self-check runs vLLM {ctx.vllm.base} only under the "
+            f"self-check, which does not apply here ({d.status.value}: {d.reason})" for d in opt_in)]))
     if name in targets.ENTRY_POINTS:
         known = [p.id for p in patches()]
         unknown = unknown_disabled(known)

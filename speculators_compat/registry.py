@@ -31,9 +31,10 @@ new shape, not validated      a repair (delta, fix, platform): ``refused`` (``NO
 ============================  =============================================================
 
 :func:`verdict` says whether an install is *covered*: nothing refused, nothing left off or
-disabled where its delta is present -- except a performance patch, whose absence leaves the
-stock data path (same rows, more time or memory) -- and no unknown id in
-``SPECULATORS_COMPAT_DISABLE``.
+disabled where its delta is present -- except an optional patch (a performance patch, whose
+absence leaves the stock data path: same rows, more time or memory; the self-check) -- and no
+unknown id in ``SPECULATORS_COMPAT_DISABLE``. ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` lets
+a release no validation run covers run under the self-check; it is never covered.
 
 Versions are compared on their base release (``0.16.1.dev3+g1`` -> ``0.16.1``), so a nightly
 is judged by the release it leads to: ``0.17.0.dev3`` is neither ``<0.17`` nor silently
@@ -161,7 +162,7 @@ class Decision:
         if self.status in (Status.REFUSED, Status.PENDING):
             return True
         if self.status in (Status.LEFT_OFF, Status.DISABLED):
-            return self.needed is not False and not self.patch.kind.optional
+            return self.needed is not False and not self.patch.optional
         return False
 
     def as_dict(self) -> dict[str, Any]:
@@ -177,6 +178,7 @@ class Decision:
             "vllm_range": p.vllm,
             "speculators": p.speculators,
             "depends_on": list(p.depends_on),
+            "optional": p.optional,
             "status": self.status.value,
             "needed": self.needed,
             "cause": self.cause.value if self.cause else None,
@@ -215,6 +217,9 @@ class Patch:
     #: what its delta depends on, and so where it must have been validated: ``"vllm"`` (the
     #: release), ``"transformers"``, or nothing (not gated by the validation table)
     depends_on: tuple[str, ...] = ("vllm",)
+    #: the install is covered without it: left off or disabled, the same rows come back (every
+    #: performance patch; the self-check, whose absence leaves the rows unchecked, not changed)
+    optional: bool = False
     #: variants of one repair share a family; outside its range a variant is superseded
     family: str = ""
     #: ids of the patches of the same target this one applies after (and so wraps)
@@ -239,6 +244,8 @@ class Patch:
         object.__setattr__(self, "depends_on", tuple(self.depends_on))
         object.__setattr__(self, "side", Side(self.side))
         object.__setattr__(self, "kind", Kind(self.kind))
+        if self.kind.optional:
+            object.__setattr__(self, "optional", True)
         unknown = set(self.depends_on) - set(DEPENDENCIES)
         if unknown:
             raise ValueError(f"{self.id}: depends_on names {sorted(unknown)}; known: {DEPENDENCIES}")
@@ -265,6 +272,9 @@ class Context:
     #: the validation evidence of the installed speculators line
     #: (a :class:`~speculators_compat.validation.Evidence`)
     evidence: Any = None
+    #: ``SPECULATORS_COMPAT_UNVALIDATED=self-check``: a release no validation run covers runs
+    #: under the self-check (never covered; shapes are still checked)
+    unvalidated: bool = False
 
 
 def context(vllm: versions.Installed | None = None, table: dict | None = None) -> Context:
@@ -279,7 +289,8 @@ def context(vllm: versions.Installed | None = None, table: dict | None = None) -
     tf_version = tf.version if tf else None
     record = ev.covering(vllm.base, tf_version) if ev and vllm else None
     validated = tuple(r.vllm for r in ev.releases()) if ev else ()
-    return Context(vllm, spec, _env.disabled(), record, _env.record_dir() is not None, validated, tf, ev)
+    return Context(vllm, spec, _env.disabled(), record, _env.record_dir() is not None, validated, tf, ev,
+                   _env.unvalidated_self_check())
 
 
 def evaluate(patch: Patch, module: ModuleType | None, view: Any = None, ctx: Context | None = None,
@@ -364,6 +375,8 @@ def _not_validated(patch: Patch, ctx: Context) -> list[str]:
     for dependency in patch.depends_on:
         if dependency == "vllm":
             rec = ctx.record
+            if rec is None and ctx.unvalidated:
+                continue  # the opt-in: this release runs under the self-check (the verdict says NO)
             if rec is None:
                 why.append(uncovered_release(ctx))
             elif rec.vllm not in ev.patch_releases(patch.id):
@@ -412,7 +425,9 @@ def _validated(patch: Patch, ctx: Context, probe: Probe) -> Decision:
     why = _not_validated(patch, ctx)
     if not why:
         where = []
-        if "vllm" in patch.depends_on:
+        if "vllm" in patch.depends_on and ctx.record is None:
+            where.append(f"no vLLM release (running under {_env.UNVALIDATED}={_env.UNVALIDATED_SELF_CHECK})")
+        elif "vllm" in patch.depends_on:
             where.append(f"vLLM {ctx.record.vllm} ({', '.join(ctx.record.platforms)})")
         if "transformers" in patch.depends_on:
             where.append(f"transformers {ctx.evidence.transformers_covering(patch.id, ctx.transformers.version)}")
@@ -445,6 +460,9 @@ def verdict(decisions: list[Decision], ctx: Context, unknown_ids: list[str] = ()
         reasons.append("speculators is not installed")
     if unknown_ids:
         reasons.append(f"{DISABLE_ENV} names no patch: {', '.join(unknown_ids)}")
+    if ctx.unvalidated and ctx.vllm is not None and ctx.speculators is not None and ctx.record is None:
+        reasons.append(f"vLLM {ctx.vllm.base} is not validated: it runs under {_env.UNVALIDATED}="
+                       f"{_env.UNVALIDATED_SELF_CHECK} (every sequence of the first calls checked)")
     order = list(Cause)
     bad = [d for d in decisions if d.uncovers]
     bad.sort(key=lambda d: (d.status is not Status.REFUSED, order.index(d.cause) if d.cause else len(order)))

@@ -19,7 +19,9 @@ Three more things happen around the script:
   wrong (a truncated file, a hole below the highest index, a missing ``data_config.json``)
   is moved aside, with one log line, every save into the folder becomes atomic (the
   ``atomic-save`` patch), and the shared memory a killed run left in /dev/shm is removed.
-  After a crash, the same command simply runs again and resumes.
+  After a crash, the same command simply runs again and resumes. When the script ends (or
+  fails), the run's manifest -- versions, patches, model, layers, self-check totals -- is added
+  to ``speculators_compat_manifest.json`` in the folder (:mod:`speculators_compat.manifest`).
   ``SPECULATORS_COMPAT_DISABLE=resume`` (or ``all``) leaves the folder alone.
 * Ctrl-C (SIGINT) and SIGTERM stop the run cleanly: the script unwinds (the stock script
   finishes its pending saves), the vLLM workers of every live generator are shut down, one
@@ -104,7 +106,7 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
     the dataset with ``shard``, see :mod:`speculators_compat.sharded`)."""
     import argparse
 
-    from . import resume, sharded
+    from . import manifest, resume, sharded
 
     state = {"done": False}
 
@@ -118,6 +120,7 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
                 sharded.arm(namespace, found, shard, patcher)
             else:
                 resume.prepare(folder, found)
+            manifest.arm(folder, shard.label if shard is not None else None)
         return namespace
 
     patcher.wrap(argparse.ArgumentParser, "parse_args", parse_args)
@@ -235,6 +238,13 @@ def _run(argv: list[str], explicit=None) -> int:
     return 0
 
 
+def _write_manifest(manifest, status: str) -> None:
+    try:
+        manifest.write(status)
+    except OSError as exc:  # the dataset stays valid without it: say so, never mask the run's outcome
+        _log().warning("could not write the run manifest: %s", exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
@@ -278,18 +288,30 @@ def main(argv: list[str] | None = None) -> int:
     previous = None
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         previous = signal.signal(signal.SIGTERM, on_sigterm)
+    status = "failed"
     try:
-        return _run(argv, explicit)
+        code = _run(argv, explicit)
+        status = "finished"
+        return code
     except KeyboardInterrupt:
+        status = "interrupted by SIGINT"
         return _stop("SIGINT (Ctrl-C)", 130)
     except Terminated:
+        status = "interrupted by SIGTERM"
         return _stop("SIGTERM", 143)
     except OutputFolderError as exc:
         print(f"speculators-compat run: {exc}", file=sys.stderr)
         return 1
+    except SystemExit as exc:
+        status = "finished" if exc.code in (None, 0) else f"exited with code {exc.code}"
+        raise
+    except BaseException as exc:
+        status = f"failed: {type(exc).__name__}: {exc}"[:2000]
+        raise
     finally:
-        from . import resume
+        from . import manifest, resume
 
+        _write_manifest(manifest, status)
         resume.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -25,6 +25,11 @@ Steps (each reported ok / failed with its error; later steps still run when poss
            scheduler's requests and its free KV blocks are the same after as before
   longseq  (with --max-num-batched-tokens, speculators 0.4) a single sequence longer than
            max_num_batched_tokens, chunked across steps, == HF fp32
+  selfcheck  (with the self-check applied) every sequence checked: correct rows pass, and each
+           fault injected through the test-only switch (rows of two sequences swapped, shifted by
+           one, the last row dropped, the last layer captured after the norm or without the
+           residual) raises SelfCheckError naming a faulted sequence; then again with the last
+           layer not among the captured ones (the workers capture it for the check)
 
 The generator is then deleted (its ``__del__`` shuts the executor down), or with
 ``--exit-shutdown`` left alive to the interpreter's exit, as a module-level generator is.
@@ -341,6 +346,68 @@ def main() -> int:
         batch = [[rng.randrange(3, 500) for _ in range(2000)], mixed[4], [rng.randrange(3, 500) for _ in range(1500)]]
         return compare(args.model, batch, holder["gen"].generate(batch))
 
+    def step_selfcheck():
+        from speculators_compat import hooks, selfcheck
+        from speculators_compat.errors import SelfCheckError
+
+        if "self-check" not in hooks.applied_ids():
+            return "not applied"
+        gen = holder["gen"]
+        batch = mixed[:12]
+        long = [i for i, ids in enumerate(batch) if len(ids) >= 2]
+        hit = {"swap": long[:2], "shift": long[:1], "drop": [0]}
+        saved = {k: os.environ.get(k) for k in (selfcheck.SELF_CHECK_ENV, selfcheck.TEST_FAULT_ENV)}
+        os.environ[selfcheck.SELF_CHECK_ENV] = "all"
+        out: dict = {}
+
+        def run(key, fault, faulted):
+            os.environ[selfcheck.TEST_FAULT_ENV] = fault
+            try:
+                gen.generate(batch)
+            except SelfCheckError as exc:
+                error = str(exc)
+            else:
+                error = None
+            last = selfcheck.totals_of(gen).last
+            seqs = [r for r in last if r["sequence"] in faulted]
+            out[key] = {"error": error, "faulted": faulted,
+                        "correct_worst": max((r["worst"] for r in last if r["sequence"] not in faulted), default=0.0),
+                        "faulted_worst": [r["worst"] for r in seqs]}
+            if fault == "none" and error:
+                raise AssertionError(f"correct rows failed the self-check: {error}")
+            if fault != "none" and not (error and any(f"sequence {i}" in error for i in faulted)):
+                raise AssertionError(f"fault {fault!r} in sequences {faulted}: not caught ({error})")
+
+        try:
+            everyone = list(range(len(batch)))
+            run("none", "none", [])
+            for fault in selfcheck.DRIVER_FAULTS:
+                run(fault, fault, hit[fault])
+            for fault in selfcheck.WORKER_FAULTS:
+                run(fault, fault, everyone)
+            # the last layer not captured: the workers capture it for the checked sequences only
+            layers = list(gen.layer_ids)
+            gen.layer_ids = [i for i in layers if i != num_layers - 1]
+            gen._setup_capture()
+            try:
+                run("own:none", "none", [])
+                for fault in selfcheck.WORKER_FAULTS:
+                    run(f"own:{fault}", fault, everyone)
+                os.environ[selfcheck.TEST_FAULT_ENV] = "none"
+                if len(gen.generate(batch)[0]["hidden_states"]) != len(gen.layer_ids):
+                    raise AssertionError("the results hold the layer captured for the check")
+            finally:
+                gen.layer_ids = layers
+                gen._setup_capture()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        out["totals"] = selfcheck.summary(gen)
+        return out
+
     def write():
         report["log"] = report["log"][:3] + report["log"][-2:]
         with open(args.out, "w") as fh:
@@ -363,6 +430,7 @@ def main() -> int:
         run("badinput", step_badinput)
         run("overlong", step_overlong)
         run("prefix", step_prefix)
+        run("selfcheck", step_selfcheck)
         run("soak", step_soak)
         run("longseq", step_longseq)
     gen = holder.pop("gen", None)

@@ -39,6 +39,8 @@ only04 = pytest.mark.skipif(not SPEC04, reason="speculators 0.4.x behaviour")
 suite_is = matrix.suite_is
 ALL_STEPS = ["layers", "start", "mixed", "repeat", "chunked", "leak", "badinput", "overlong", "prefix", "soak"]
 SHAPE_STEPS = ["start", "mixed", "repeat", "chunked", "leak", "prefix"]
+# the self-check's test-only fault switch, armed in the workers (each call picks its fault)
+SELF_CHECK_FAULTS = {"SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT": "none"}
 
 def _probed_new() -> set[str]:
     """The patches whose probe finds their delta on this install (from the sources, as a
@@ -142,12 +144,15 @@ def expected_applied() -> set[str] | None:
 @suite_is("full", "release", "spec04")
 @pytest.mark.parametrize("name", MODELS)
 def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
-    steps = ALL_STEPS if name == "llama" else SHAPE_STEPS
+    steps = [*(ALL_STEPS if name == "llama" else SHAPE_STEPS), "selfcheck"]
     # the Llama's generator is deleted after its steps; the others' are left alive to the exit
     args = () if name == "llama" else ("--exit-shutdown",)
-    report = scenario(build(name), tmp_path, steps=steps, extra_env=MODEL_ENV.get(name), name=name, args=args)
+    report = scenario(build(name), tmp_path, steps=steps, extra_env={**MODEL_ENV.get(name, {}), **SELF_CHECK_FAULTS},
+                      name=name, args=args)
     assert failures(report) == {}
-    assert list(report) == [*steps, "log"]
+    order = [*ALL_STEPS[:ALL_STEPS.index("soak")], "selfcheck", "soak"]  # the scenario's order
+    assert list(report) == [*(s for s in order if s in steps), "log"]
+    assert_self_check(report)
     for step in ("mixed", "chunked", "prefix"):
         assert report[step]["value"] <= 1e-4, step
     assert report["leak"]["value"]["requests"] == [0]
@@ -188,6 +193,43 @@ def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
     assert not built["hub id"]["error"].startswith("InvalidInputError"), built["hub id"]
 
 
+def self_check_expected() -> bool:
+    """Whether the self-check applies here: a validation run, or a release whose record lists it."""
+    want = expected_applied()
+    return want is None or "self-check" in want
+
+
+def assert_self_check(report, tolerance=None):
+    """The scenario's selfcheck step: correct rows pass, every injected fault is caught (the step
+    itself raises otherwise), and the separation holds with the default threshold's margin."""
+    from speculators_compat import selfcheck
+
+    value = report["selfcheck"]["value"]
+    if not self_check_expected():
+        assert value == "not applied"
+        return value
+    tol = tolerance or selfcheck.DEFAULT_TOLERANCE
+    assert value["totals"]["failed"] and value["totals"]["calls"] >= 9
+    for key, got in value.items():
+        if key == "totals":
+            continue
+        assert got["correct_worst"] <= tol / 3, (key, got)  # correct rows: well below the threshold
+        if got["faulted"]:
+            assert got["error"] and min(got["faulted_worst"], default=1.0) >= 3 * tol, (key, got)
+    return value
+
+
+@suite_is("full", "release")
+@pytest.mark.parametrize("name", [m for m in ("llama", "deepseek_v3") if m in MODELS])
+def test_self_check_separates_bf16_rounding_from_faults(build, tmp_path, name):
+    """In bf16 the captured row and vLLM's own final state round differently; the check still
+    passes correct rows with margin and catches every fault."""
+    report = scenario(build(name), tmp_path, steps=["start", "selfcheck"],
+                      extra_env={**MODEL_ENV.get(name, {}), **SELF_CHECK_FAULTS, "SPECULATORS_COMPAT_DTYPE": "bfloat16"})
+    assert failures(report) == {}
+    assert_self_check(report)
+
+
 # Kimi-K2.5 runs at TP=2 wherever it runs (the real model only runs tensor-parallel)
 TP2_MODELS = [m for m in ("llama", "deepseek_v3") if m in MODELS] if ENV is None or ENV.tp2 else []
 TP2_MODELS += [m for m in ("kimi_k25",) if m in MODELS]
@@ -199,10 +241,12 @@ def test_tensor_parallel_2_with_spawned_workers(build, tmp_path, name):
     # speculators_compat is imported in main() only: spawned workers are patched solely
     # through the vllm.general_plugins entry point.
     report = scenario(
-        build(name), tmp_path, tp=2, steps=["start", "mixed", "repeat", "leak"],
-        extra_env={**MODEL_ENV.get(name, {}), "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, name=name,
+        build(name), tmp_path, tp=2, steps=["start", "mixed", "repeat", "leak", "selfcheck"],
+        extra_env={**MODEL_ENV.get(name, {}), **SELF_CHECK_FAULTS, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+        name=name,
     )
     assert failures(report) == {}
+    assert_self_check(report)
     assert report["mixed"]["value"] <= 1e-4
     assert report["leak"]["value"]["requests"] == [0, 0]
     assert len(report["start"]["value"]["workers"]) == 2
@@ -505,12 +549,14 @@ def test_every_patch_is_shown_necessary():
     # cpu-kimi-k25-device: test_kimi_k25_on_cpu_needs_the_device_patch (vLLM 0.15.x);
     # results-in-place, pipelined-steps: features (same data, less time): the scenario's "leak" step
     # (blocks own their bytes, segments reused, no file left), tests/test_transport.py,
-    # tests/test_pipelined.py, benchmarks/gpu_extract.py
+    # tests/test_pipelined.py, benchmarks/gpu_extract.py; self-check, self-check-reference: the
+    # scenario's selfcheck step (every injected fault caught), tests/test_selfcheck.py
     shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
         "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
         "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
         "driver-threads", "runner-v1", "worker-death", "atomic-save", "tokenizer-trust",
-        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "results-in-place", "pipelined-steps"} | set(NEEDED_WHERE)
+        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "results-in-place", "pipelined-steps", "self-check",
+        "self-check-reference"} | set(NEEDED_WHERE)
     assert {p.id for p in hooks.patches()} <= shown
 
 
@@ -645,6 +691,58 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
     ref = tiny.hf_reference(model, samples[3]["input_ids"], [0, 2, 5, 7])
     saved = torch.load(tmp_path / "out" / "data_3.pt")
     assert max((a - b).abs().max().item() for a, b in zip(saved["hidden_states"], ref)) <= 1e-4
+
+
+@suite_is("full")
+def test_runner_stops_at_a_self_check_mismatch_and_resumes_there(model, tmp_path):
+    """A mismatch stops the stock script before it saves that batch (exit code 1, the earlier
+    batches on disk, the manifest says why); the same command without the fault then resumes at
+    the first sample of that batch and finishes; the manifest lists both runs."""
+    import hashlib
+    import random
+
+    if not self_check_expected():
+        pytest.skip("the self-check does not apply on this release's record")
+    rng = random.Random(3)
+    samples = [{"input_ids": [rng.randrange(3, 500) for _ in range(rng.randint(2, 60))]} for _ in range(20)]
+    for s in samples:
+        s["loss_mask"] = [1] * len(s["input_ids"])
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(s) for s in samples) + "\n")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
+    env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               SPECULATORS_COMPAT_SELF_CHECK="all")
+    cmd = [sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"), "--target-model-path", model,
+           "--train-data-path", str(data), "--output-dir", str(out), "--batch-size", "4"]
+    # batches of 4: calls 0 and 1 are saved, call 2's rows are shifted by one
+    failed = subprocess.run(cmd, env={**env, **{k: "shift@2" for k in SELF_CHECK_FAULTS}}, capture_output=True,
+                            text=True, timeout=900, cwd=tmp_path)
+    assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-5000:]
+    assert "SelfCheckError: self-check: sequence 0, position " in failed.stderr
+    assert sorted(p.name for p in out.glob("data_*.pt")) == sorted(f"data_{i}.pt" for i in range(8))
+    assert not (out / "data_config.json").exists()
+    runs = json.loads((out / "speculators_compat_manifest.json").read_text())["runs"]
+    assert runs[0]["status"].startswith("failed: SelfCheckError: self-check: sequence 0")
+    gen = runs[0]["generators"][0]
+    assert gen["self_check"]["failed"].startswith("call 2: self-check: sequence 0")
+    assert gen["self_check"]["sequences"] == 12 and gen["self_check"]["calls"] == 3
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-5000:]
+    # no data_config.json from the failed run: its last sample is redone too (see "After a crash")
+    assert "saved 13 files" in resumed.stdout
+    assert "self-check: 13 sequences" in resumed.stdout + resumed.stderr  # the end line: what was checked
+    runs = json.loads((out / "speculators_compat_manifest.json").read_text())["runs"]
+    assert [r["status"] for r in runs][1:] == ["finished"]
+    gen = runs[1]["generators"][0]
+    config = hashlib.sha256((Path(model) / "config.json").read_bytes()).hexdigest()
+    assert (gen["model"], gen["config_sha256"], gen["dtype"], gen["tensor_parallel_size"]) == (model, config, "float32", 1)
+    assert gen["layer_ids"] == [2, 4, 5, 7]  # the stock default for 8 layers
+    assert gen["self_check"]["failed"] is None and gen["self_check"]["sequences"] == 13
+    assert gen["self_check"]["worst_relative"] <= 0.01
+    assert {"self-check", "report"} <= set(runs[1]["patches"]["driver"])
+    assert {"v3", "self-check-reference"} <= set(runs[1]["patches"]["workers"])
+    assert set(runs[1]["versions"]) == {"vllm", "speculators", "torch", "transformers", "speculators_compat"}
 
 
 def test_static_signatures_agree_with_the_imported_vllm():

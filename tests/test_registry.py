@@ -290,6 +290,32 @@ def test_a_fresh_vllm_0_25_1_install_is_covered_by_the_table():
         assert here.evidence.transformers_covering(pid, Version("5.24.0")) == "5.24.0", pid
 
 
+def test_the_self_check_opt_in_runs_an_unvalidated_release_but_never_calls_it_covered():
+    import dataclasses
+
+    module = types.ModuleType("fake_target")
+    repair, _ = make_patch("p1")
+    plain = ctx("0.17.0", applied=("p1",))  # a line nobody validated
+    assert evaluate(repair, module, ctx=plain).status is Status.REFUSED
+    opted = dataclasses.replace(plain, unvalidated=True)
+    decision = evaluate(repair, module, ctx=opted)
+    assert decision.status is Status.APPLIES and "SPECULATORS_COMPAT_UNVALIDATED=self-check" in decision.reason
+    ok, reasons = verdict([decision], opted)
+    assert not ok and "vLLM 0.17.0 is not validated: it runs under SPECULATORS_COMPAT_UNVALIDATED" in reasons[0]
+    # an unknown shape is refused all the same
+    odd, _ = make_patch("p1", shape="unknown")
+    assert evaluate(odd, module, ctx=opted).status is Status.REFUSED
+
+
+def test_an_optional_patch_left_off_keeps_the_install_covered():
+    patch, _ = make_patch("check", kind=Kind.FEATURE)
+    patch = Patch(**{**patch.__dict__, "optional": True})
+    here = ctx(applied=())
+    decision = evaluate(patch, types.ModuleType("fake_target"), ctx=here)
+    assert decision.status is Status.LEFT_OFF and verdict([decision], here) == (True, [])
+    assert make_patch(kind=Kind.PERFORMANCE)[0].optional and not make_patch(kind=Kind.GUARD)[0].optional
+
+
 def test_an_unknown_disabled_id_is_an_error(monkeypatch):
     monkeypatch.setenv("SPECULATORS_COMPAT_DISABLE", "v5,bogus-id,resume")
     assert unknown_disabled(["v5", "v4"]) == ["bogus-id"]
@@ -513,12 +539,13 @@ APPLY_ORDER = {
         "validated-release", "api-inventory", "v1", "v1-prefix-caching", "v1-chunked-prefill",
         "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
         "dtype", "cpu-block-size", "driver-threads", "pipelined-steps", "v5", "stock-calls", "s04-scheduler-loop",
-        "s04-result-order", "results-in-place", "guard-output", "guard-input", "atomic-save", "report",
+        "s04-result-order", "results-in-place", "guard-output", "self-check", "guard-input", "atomic-save", "report",
         "worker-death",
     ],
     WORKER: [
         "v3", "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing",
         "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport",
+        "self-check-reference",
     ],
     SPECULATORS_UTILS: [
         "tf5-config-torch",
@@ -824,7 +851,7 @@ def test_check_json_follows_the_documented_schema(tmp_path):
     assert rep["covered"] is (rep["reasons"] == [])
     for p in rep["patches"]:
         assert set(p) == {"id", "title", "side", "kind", "family", "delta", "target", "vllm_range", "speculators",
-                          "depends_on", "status", "needed", "cause", "reason"}
+                          "depends_on", "optional", "status", "needed", "cause", "reason"}
         assert p["status"] in {"applies", "not needed", "left off", "refused", "disabled"}
         assert (p["cause"] is None) == (p["status"] != "refused")
     for a in rep["apis"]:

@@ -243,7 +243,12 @@ def test_runner_repairs_the_folder_then_exits_130_or_143_on_an_interrupt(tmp_pat
     assert proc.returncode == code, proc.stderr
     assert "resumed at 1" in proc.stdout  # data_2 unreadable, and no config: data_1 is redone
     assert "output folder" in proc.stderr and "resuming at data_1.pt" in proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json",
+                                                     "speculators_compat_manifest.json"]
+    runs = json.loads((out / "speculators_compat_manifest.json").read_text())["runs"]
+    status = {0: "finished", 130: "interrupted by SIGINT", 143: "interrupted by SIGTERM"}[code]
+    assert [(r["status"], r["generators"]) for r in runs] == [(status, [])]
+    assert runs[0]["versions"]["speculators_compat"] and runs[0]["started"] <= runs[0]["ended"]
     if code:
         signame = "SIGINT (Ctrl-C)" if code == 130 else "SIGTERM"
         assert f"interrupted by {signame}: no live generator to stop; exit code {code}" in proc.stderr

@@ -7,13 +7,15 @@ whether the executor shut down cleanly (or what failed).
 
 How: ``VllmHiddenStatesGenerator.generate`` is wrapped to log, at INFO on the
 ``speculators_compat`` logger, the sequences, tokens, layers, hidden size, dtype and
-seconds of each call; ``__del__`` is wrapped to shut the executor down itself and log the
+seconds of each call (and, at the end, the run's totals with what ``self-check`` checked);
+``__del__`` is wrapped to shut the executor down itself and log the
 outcome (the stock ``__del__`` swallows any error into a vague warning); after vLLM shut the
 executor down because a worker died, the line says so and names the worker. A generator that
 has been called is registered with :mod:`speculators_compat.lifecycle`, so that
 ``speculators-compat run`` can stop its workers on Ctrl-C / SIGTERM, and so that one still alive
 when the interpreter exits is shut down (with its line) by an ``atexit`` handler, not left to a
-``__del__`` during the interpreter's teardown.
+``__del__`` during the interpreter's teardown. Under ``speculators-compat run`` the first call
+also takes the generator's facts for the run manifest (:mod:`speculators_compat.manifest`).
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
@@ -26,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 
-from speculators_compat import lifecycle, transport
+from speculators_compat import lifecycle, manifest, selfcheck, transport
 from speculators_compat.registry import Kind, Patch, Side
 from speculators_compat.targets import GENERATOR
 
@@ -41,6 +43,7 @@ TOTALS = "_speculators_compat_totals"
 def _generate(wrapped, instance, args, kwargs):
     # `speculators-compat run` stops its workers on Ctrl-C / SIGTERM; one alive at exit is shut down then
     lifecycle.track(instance, at_exit=shutdown)
+    manifest.note_generator(instance)  # under `speculators-compat run`: the run manifest's facts
     pool = transport.pool_of(instance)
     waited = pool.waited_s if pool is not None else 0.0
     start = time.perf_counter()
@@ -79,7 +82,8 @@ def run_summary(generator) -> str | None:
     if pool is not None:
         text += (f"; {pool.waited_s:.1f} s waiting for held results to be freed (saved), "
                  f"at most {pool.peak_bytes / 2**30:.2f} GiB of results in shared memory")
-    return text
+    checked = selfcheck.summary_text(generator)
+    return text + (f"; {checked}" if checked else "")
 
 
 def shutdown(generator) -> None:

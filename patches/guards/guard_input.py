@@ -349,7 +349,7 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.GUARD,
     depends_on=(),
-    after=("driver-threads", "guard-output"),  # wraps __init__ and the output check
+    after=("driver-threads", "guard-output", "self-check"),  # wraps __init__, the output check and the self-check
     target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,

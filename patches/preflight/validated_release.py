@@ -37,6 +37,9 @@ def _judge(prior=None, installed=None) -> Probe:  # noqa: ARG001 (a preflight ch
                          f"transformers {', '.join(rec.transformers)})")
     if ctx.recording:
         return Probe.new(f"vLLM {ctx.vllm.base}: recording a validation run")
+    if ctx.unvalidated:
+        return Probe.new(f"vLLM {ctx.vllm.base} is not validated: it runs under the self-check opt-in "
+                         f"({uncovered_release(ctx)})")
     return Probe.unknown(f"{uncovered_release(ctx)} (validated: {', '.join(ctx.validated) or 'none'})",
                          Cause.NOT_VALIDATED)
 

@@ -115,6 +115,7 @@ def build_llama(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
+    randomize_final_norm(model)
     model.save_pretrained(str(path), safe_serialization=True)
     build_tokenizer(path, vocab_size=min(vocab_size, 384))
     return path
@@ -162,6 +163,7 @@ def build_qwen3(
         for layer in model.model.layers:
             layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
             layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    randomize_final_norm(model)
     model.save_pretrained(str(path), safe_serialization=True)
     build_tokenizer(path, vocab_size=min(vocab_size, 384))
     return path
@@ -227,9 +229,19 @@ def build_deepseek_v3(
     with torch.no_grad():  # a non-zero routing bias, so the test sees it used
         for layer in model.model.layers[config.first_k_dense_replace :]:
             layer.mlp.gate.e_score_correction_bias.uniform_(-0.1, 0.1)
+    randomize_final_norm(model)
     _save_hub_layout(model, path)
     build_tokenizer(path, vocab_size=min(vocab_size, 384))
     return path
+
+
+def randomize_final_norm(model) -> None:
+    """Non-trivial final-norm weights (a trained model's are): a row normed twice, or captured
+    after the norm, then differs from the right one (unit weights make the norm idempotent)."""
+    import torch
+
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 1.5)
 
 
 def _hub_tensors(model) -> dict:
@@ -543,6 +555,7 @@ def build_kimi_k25(
     with torch.no_grad():  # a non-zero routing bias, so the test sees it used
         for layer in lm.model.layers[text["first_k_dense_replace"] :]:
             layer.mlp.gate.e_score_correction_bias.uniform_(-0.1, 0.1)
+    randomize_final_norm(lm)
     _save_hub_layout(lm, path, prefix="language_model.", extra=_kimi_vision_weights(vision, hidden_size))
     return path
 

@@ -76,8 +76,12 @@ def build_llama(path: Path) -> None:
         intermediate_size=512, vocab_size=512, max_position_embeddings=4096,
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
     )
+    from speculators_compat.testing import tiny
+
     torch.manual_seed(0)
-    _save(LlamaForCausalLM(config).float(), path, config.vocab_size)
+    model = LlamaForCausalLM(config).float()
+    tiny.randomize_final_norm(model)  # a row normed twice then shows (the self-check's faults)
+    _save(model, path, config.vocab_size)
 
 
 def dsv3_config(kimi: bool = False):
@@ -109,6 +113,9 @@ def _dsv3_model(kimi: bool):
     with torch.no_grad():  # a non-zero routing bias, so a test sees it used
         for layer in model.model.layers[config.first_k_dense_replace :]:
             layer.mlp.gate.e_score_correction_bias.uniform_(-0.1, 0.1)
+    from speculators_compat.testing import tiny
+
+    tiny.randomize_final_norm(model)  # a row normed twice then shows (the self-check's faults)
     return model
 
 

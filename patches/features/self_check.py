@@ -1,0 +1,190 @@
+"""self-check -- each call's rows proven on the user's own model: the last layer against its own log-probs.
+
+Problem (speculators 0.3.x, every vLLM release): wrong rows come back without an error --
+another sequence's (speculators #279), shifted or truncated (vLLM #44485), captured at another
+point (vLLM #48124) -- and the HF comparison of the test matrix cannot run on a 1T model, a
+quantization or a kernel no test ran.
+
+How: ``VllmHiddenStatesGenerator.generate`` is wrapped. For a sample of the call's sequences
+(``SPECULATORS_COMPAT_SELF_CHECK``, default 1 per call; ``0``: off; ``all``) the workers are
+armed with their stock request ids before the stock code runs; the workers'
+``self-check-reference`` records vLLM's own final hidden states of those requests. After the
+call, the rows the caller got for the last decoder layer go to every worker through one
+shared-memory file; each worker puts them through the model's own final norm and
+``compute_logits`` (vocabulary-parallel, gathered over vLLM's TP group) and compares the
+next-token log-probs with those of vLLM's own states, position by position
+(:mod:`speculators_compat.selfcheck`: the measure, and what comes back -- a few numbers per
+sequence). Where the caller's layers lack the last one, the workers capture it for the checked
+sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
+position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
+:data:`~speculators_compat.selfcheck.DEFAULT_TOLERANCE`) raises
+:class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
+difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
+and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
+every sequence.
+
+Detection: the stock ``generate`` names its requests ``req_<counter>_<i>`` and cuts one row
+per token in input order (speculators 0.3.x; otherwise unknown), and vLLM's ``collective_rpc``
+sends functions to the workers (otherwise not needed).
+
+A feature: left off where no validation run recorded it. Remove when speculators 0.3.x is no
+longer supported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from speculators_compat import lifecycle, selfcheck
+from speculators_compat.errors import SelfCheckError
+from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import GENERATOR
+
+from .._probes import generate_probes, vllm_module
+from .._ranges import SPECULATORS_03
+from .results_in_place import CALLABLE, _rpc_source
+
+log = logging.getLogger("speculators_compat")
+
+#: what the stock ``generate`` must do for the workers to know the checked requests and their rows
+STOCK = ('request_id=f"req_{self._request_counter}_{i}"', "h[offset : offset + seq_len]")
+
+
+def _judge(source: str, rpc_source: str | None) -> Probe:
+    flat = " ".join(source.split())
+    missing = [s for s in STOCK if s not in flat]
+    if missing:
+        return Probe.unknown(f"VllmHiddenStatesGenerator.generate does not do {missing[0]!r}")
+    if not rpc_source or CALLABLE not in rpc_source:
+        return Probe.old("MultiprocExecutor.collective_rpc sends no functions: the workers cannot be asked")
+    return Probe.new("generate() names its requests req_<counter>_<i> and cuts one row per token in input order")
+
+
+_generate_probe, _generate_static = generate_probes(lambda source: source)
+
+
+def probe(module) -> Probe:
+    return _judge(_generate_probe(module), _rpc_source(module))
+
+
+def static_probe(view) -> Probe:
+    return _judge(_generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
+                                                            "MultiprocExecutor", "collective_rpc"))
+
+
+def _inputs(generator, token_ids) -> list[list[int]] | None:
+    """The call's sequences as the stock code will submit them (``None``: leave the call alone)."""
+    if token_ids is None:
+        return None
+    if hasattr(token_ids, "tolist") and hasattr(token_ids, "dim"):
+        if token_ids.dim() != 2:
+            return None
+        token_ids = token_ids.tolist()
+    try:
+        max_len = generator.vllm_config.model_config.max_model_len - 1
+        seqs = [list(ids.tolist() if hasattr(ids, "tolist") else ids)[:max_len] for ids in token_ids]
+    except TypeError:
+        return None
+    return seqs if seqs and all(seqs) else None
+
+
+def _generate(wrapped, instance, args, kwargs):
+    token_ids = kwargs["token_ids"] if "token_ids" in kwargs else (args[0] if args else None)
+    totals = selfcheck.totals_of(instance)
+    executor = getattr(instance, "executor", None)
+    seqs = _inputs(instance, token_ids)
+    per_call = selfcheck.sequences_per_call()
+    full = selfcheck.full_calls()
+    if full and per_call == 0:
+        from speculators_compat.errors import InvalidInputError
+
+        raise InvalidInputError(f"SPECULATORS_COMPAT_UNVALIDATED=self-check needs the self-check, which "
+                                f"{selfcheck.SELF_CHECK_ENV}=0 turns off")
+    if not seqs or executor is None or totals.off:
+        return wrapped(*args, **kwargs)
+    call = totals.seen
+    totals.seen += 1
+    checked = selfcheck.sample(len(seqs), call, per_call, full)
+    if not checked:
+        return wrapped(*args, **kwargs)
+    fault, _, since = os.environ.get(selfcheck.TEST_FAULT_ENV, "").partition("@")  # test-only: "fault@call"
+    if since and call < int(since):
+        fault = ""
+    starts, at = [], 0
+    for ids in seqs:
+        starts.append(at)
+        at += len(ids)
+    counter = instance._request_counter
+    plan = selfcheck.Plan({f"req_{counter}_{i}": (i, len(seqs[i]), starts[i]) for i in checked}, fault)
+    t0 = time.perf_counter()
+    replies = executor.collective_rpc(selfcheck.arm, args=(plan,))
+    totals.seconds += time.perf_counter() - t0
+    if not replies or any(r is None for r in replies):
+        executor.collective_rpc(selfcheck.arm, args=(None,))
+        if full:
+            from speculators_compat.errors import IncompatibleVllmError
+
+            raise IncompatibleVllmError("SPECULATORS_COMPAT_UNVALIDATED=self-check: the workers do not run "
+                                        "self-check-reference (disabled there, or vLLM's runner changed): this "
+                                        "release cannot run under the self-check")
+        totals.off = "the workers do not run self-check-reference"
+        log.warning("self-check: off, %s", totals.off)
+        return wrapped(*args, **kwargs)
+    internal = bool(replies[0]["internal"])
+    done = False
+    try:
+        results = wrapped(*args, **kwargs)
+        t0 = time.perf_counter()
+        faulted = (selfcheck.inject_driver_fault(fault, results, checked)
+                   if fault in selfcheck.DRIVER_FAULTS and not internal else [])
+        if faulted:
+            log.warning("self-check: test fault %r injected into sequences %s", fault, faulted)
+        rows = None if internal else selfcheck.share_rows([results[i]["hidden_states"][-1] for i in checked])
+        try:
+            replies = executor.collective_rpc(selfcheck.check, args=(rows,))
+        finally:
+            selfcheck.unshare(rows)
+        done = True
+    finally:
+        if not done and not getattr(lifecycle.real_executor(executor), "is_failed", False):
+            try:  # the workers stop recording; the call's own error is what the caller must see
+                executor.collective_rpc(selfcheck.arm, args=(None,))
+            except Exception as exc:
+                log.debug("self-check: could not disarm the workers: %s: %s", type(exc).__name__, exc)
+    totals.seconds += time.perf_counter() - t0
+    found = next((r for r in replies if r is not None), None)
+    if found is None:
+        raise SelfCheckError("self-check: no worker returned the comparison")
+    totals.add(found, call)
+    failure = selfcheck.verdict(found, selfcheck.tolerance())
+    if failure:
+        totals.failed = f"call {call}: {failure}"
+        raise SelfCheckError(f"{failure} (call {call} of this generator; nothing of this call should be saved)")
+    return results
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+
+
+PATCH = Patch(
+    id="self-check",
+    title="the last layer's rows proven against the model's own next-token log-probs",
+    delta="wrong rows (another sequence or position, shifted, captured at another point) returned silently "
+    "-> SelfCheckError naming the sequence, the position and the difference",
+    api="VllmHiddenStatesGenerator.generate (its request ids and per-sequence slicing)",
+    side=Side.DRIVER,
+    kind=Kind.FEATURE,
+    optional=True,  # without it the rows are unchecked, not changed
+    after=("results-in-place", "guard-output"),  # checks what the guarded generate() returns
+    target=GENERATOR,
+    vllm=">=0.11.1",
+    speculators=SPECULATORS_03,
+    probe=probe,
+    static_probe=static_probe,
+    apply=apply,
+    upstream="not in speculators 0.3.x",
+    remove_when="speculators 0.3.x is no longer supported",
+)

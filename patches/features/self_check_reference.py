@@ -1,0 +1,113 @@
+"""self-check-reference -- the workers' side of ``self-check``: vLLM's own states, and the comparison.
+
+Problem: see ``self-check``; the weights that turn a row into log-probs live in the workers,
+and so does the only state no capture code touched: the final hidden state vLLM computes its
+own next-token (and prompt) log-probs from.
+
+How: ``HiddenStatesWorkerExtension._setup_hidden_states_capture`` is wrapped; after ``v3``'s
+capture hooks it puts a forward hook on the base model's final norm (the base model's output; its
+compiled ``__call__`` runs no hooks), which, while the driver has armed a call, copies each
+checked request's rows of that output, found where vLLM's
+``_get_prompt_logprobs_dict`` finds them (``input_batch.req_id_to_index``,
+``query_start_loc.np``, the request's ``num_computed_tokens``), and one on the last decoder
+layer (ahead of the capture's), which records that layer's rows of the checked sequences only
+where the caller did not ask for the last layer, cut as the stock code cuts the call's rows. The
+driver's ``collective_rpc`` then hands every rank the caller's rows; each puts them through the
+final norm, then them and vLLM's own (normed) rows through the model's ``compute_logits`` (the
+same on every rank: the logits are gathered over vLLM's TP group) and the gathering rank replies with a
+few numbers per sequence (:mod:`speculators_compat.selfcheck`). Nothing is recorded, and every
+hook returns at once, while no call is armed.
+
+Detection: vLLM's ``GPUModelRunner._get_prompt_logprobs_dict`` (the CPU runner inherits it)
+finds a request's rows with ``input_batch.req_id_to_index`` and ``query_start_loc.np`` and
+computes them with ``self.model.compute_logits``; otherwise not needed (the self-check is off,
+and the driver says so once).
+
+A feature: left off where no validation run recorded it. Remove with ``self-check``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from speculators_compat import selfcheck
+from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.targets import WORKER
+
+from .._ranges import SPECULATORS_03
+from ..vllm_api.v3 import find_base_model
+
+log = logging.getLogger("speculators_compat")
+
+RUNNER = "vllm.v1.worker.gpu_model_runner"
+#: what vLLM's own prompt-logprobs code does that the reference hook does the same way
+USES = ("self.input_batch.req_id_to_index[req_id]", "self.query_start_loc.np[req_idx]",
+        "request.num_computed_tokens", "self.model.compute_logits(")
+
+
+def _judge(source: str | None) -> Probe:
+    if not source:
+        return Probe.old("GPUModelRunner has no _get_prompt_logprobs_dict: the self-check is off")
+    missing = [u for u in USES if u not in source]
+    if missing:
+        return Probe.old(f"GPUModelRunner._get_prompt_logprobs_dict does not use {missing[0]!r}: the self-check is off")
+    return Probe.new("vLLM finds a request's prompt rows at query_start_loc and computes their logits with compute_logits")
+
+
+def probe(module) -> Probe:
+    import inspect
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    method = getattr(GPUModelRunner, "_get_prompt_logprobs_dict", None)
+    return _judge(inspect.getsource(method) if method is not None else None)
+
+
+def static_probe(view) -> Probe:
+    return _judge(view.vllm.source(RUNNER, "GPUModelRunner", "_get_prompt_logprobs_dict"))
+
+
+def _setup(wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    base, _ = find_base_model(instance.model_runner.model)
+    why = selfcheck.install_worker(instance, base)
+    if why:
+        log.warning("self-check: off in this worker: %s", why)
+    return result
+
+
+def _store(wrapped, instance, args, kwargs):
+    """Test-only (``SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT`` set when the worker started): the
+    capture's last layer as a broken capture point gives it."""
+    state = instance.__dict__.get(selfcheck.WORKER_STATE)
+    if state is not None and args:
+        args = (state.fault_states(args[0]),) + tuple(args[1:])
+    return wrapped(*args, **kwargs)
+
+
+def apply(module, patcher) -> None:
+    patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
+    if os.environ.get(selfcheck.TEST_FAULT_ENV):
+        patcher.wrap(module.HiddenStatesWorkerExtension, "_store_captured_states", _store)
+
+
+PATCH = Patch(
+    id="self-check-reference",
+    title="vLLM's own final states of the checked requests, and the log-prob comparison (workers)",
+    delta="no state independent of the capture to check its rows against -> vLLM's own, where its "
+    "prompt log-probs come from",
+    api="vLLM GPUModelRunner (input_batch.req_id_to_index, query_start_loc.np, model.compute_logits)",
+    side=Side.WORKER,
+    kind=Kind.FEATURE,
+    optional=True,  # without it the rows are unchecked, not changed
+    after=("v3", "shm-transport"),  # hooks after v3's capture hooks; its test faults wrap the store outermost
+    target=WORKER,
+    vllm=">=0.11.1",
+    speculators=SPECULATORS_03,
+    probe=probe,
+    static_probe=static_probe,
+    apply=apply,
+    upstream="not in speculators 0.3.x",
+    remove_when="speculators 0.3.x is no longer supported",
+)

@@ -1,0 +1,230 @@
+"""The self-check's logic without vLLM: options, sampling, verdicts, and (with torch) the
+worker's reference, its stock-layout capture and the comparison on a stand-in model.
+
+End to end on the real vLLM, with faults injected: the scenario's ``selfcheck`` step
+(tests/test_e2e.py)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from speculators_compat import _env, selfcheck
+from speculators_compat.errors import InvalidInputError
+
+
+def test_options(monkeypatch):
+    monkeypatch.delenv(selfcheck.SELF_CHECK_ENV, raising=False)
+    monkeypatch.delenv(selfcheck.TOLERANCE_ENV, raising=False)
+    assert selfcheck.sequences_per_call() == selfcheck.DEFAULT_SEQUENCES
+    assert selfcheck.tolerance() == selfcheck.DEFAULT_TOLERANCE
+    for raw, want in [("0", 0), ("3", 3), (" all ", selfcheck.ALL), ("ALL", selfcheck.ALL)]:
+        monkeypatch.setenv(selfcheck.SELF_CHECK_ENV, raw)
+        assert selfcheck.sequences_per_call() == want
+    for bad in ("-1", "two", "1.5"):
+        monkeypatch.setenv(selfcheck.SELF_CHECK_ENV, bad)
+        with pytest.raises(InvalidInputError, match="SPECULATORS_COMPAT_SELF_CHECK"):
+            selfcheck.sequences_per_call()
+    monkeypatch.setenv(selfcheck.TOLERANCE_ENV, "0.5")
+    assert selfcheck.tolerance() == 0.5
+    for bad in ("0", "-1", "x", "nan"):
+        monkeypatch.setenv(selfcheck.TOLERANCE_ENV, bad)
+        with pytest.raises(InvalidInputError, match="TOLERANCE"):
+            selfcheck.tolerance()
+
+
+def test_unvalidated_opt_in(monkeypatch):
+    monkeypatch.delenv(_env.UNVALIDATED, raising=False)
+    assert not _env.unvalidated_self_check() and selfcheck.full_calls() == 0
+    monkeypatch.setenv(_env.UNVALIDATED, " Self-Check ")
+    assert _env.unvalidated_self_check() and selfcheck.full_calls() == selfcheck.FULL_CALLS
+    monkeypatch.setenv(_env.UNVALIDATED, "yes")
+    assert _env.unvalidated() == "yes" and not _env.unvalidated_self_check()
+
+
+def test_sampling_is_reproducible_and_covers_the_batch():
+    assert selfcheck.sample(5, 0, 0) == []
+    assert selfcheck.sample(5, 3, selfcheck.ALL) == [0, 1, 2, 3, 4]
+    assert selfcheck.sample(3, 9, 7) == [0, 1, 2]
+    assert selfcheck.sample(64, 2, 0, full=8) == list(range(64))  # the first calls of the opt-in: all
+    picks = [selfcheck.sample(64, call, 1, full=8) for call in range(8, 400)]
+    assert all(len(p) == 1 for p in picks)
+    assert picks == [selfcheck.sample(64, call, 1, full=8) for call in range(8, 400)]
+    assert len({p[0] for p in picks}) > 48  # every batch position gets its turn
+    two = selfcheck.sample(64, 11, 2)
+    assert len(set(two)) == 2 and two == sorted(two)
+
+
+def result(**kw):
+    base = {"sequence": 3, "tokens": 10, "rows": 10, "missing": 0, "first_missing": None,
+            "worst": 1e-3, "nats": 0.01, "position": 4}
+    return {**base, **kw}
+
+
+def test_verdict_names_the_sequence_the_position_and_the_difference():
+    assert selfcheck.verdict([result(), result(sequence=4)], 0.03) is None
+    msg = selfcheck.verdict([result(), result(sequence=7, worst=0.42, nats=1.5, position=9)], 0.03)
+    assert "sequence 7, position 9" in msg and "0.42" in msg and "1.5 nats" in msg and "0.03" in msg
+    assert "9 last-layer rows for 10 tokens" in selfcheck.verdict([result(rows=9)], 0.03)
+    assert "no state for 2 of its 10 positions (first: 8)" in selfcheck.verdict([result(missing=2, first_missing=8)], 0.03)
+    assert selfcheck.verdict([result(worst=float("inf"))], 0.03)
+    assert selfcheck.verdict([result(worst=float("nan"))], 0.03)
+
+
+def test_totals_and_the_end_line(monkeypatch):
+    monkeypatch.delenv(selfcheck.TOLERANCE_ENV, raising=False)
+    gen = types.SimpleNamespace()
+    assert selfcheck.summary(gen) is None and selfcheck.summary_text(gen) is None
+    totals = selfcheck.totals_of(gen)
+    totals.add([result(rows=10, worst=0.002), result(sequence=5, rows=7, worst=0.004, nats=0.02, position=6)], call=2)
+    totals.add([result(rows=3, worst=0.001)], call=5)
+    s = selfcheck.summary(gen)
+    assert (s["calls"], s["sequences"], s["rows"]) == (2, 3, 20)
+    assert s["worst_relative"] == 0.004 and s["worst_at"] == "call 2, sequence 5, position 6"
+    assert s["worst_nats"] == 0.02 and s["failed"] is None
+    assert selfcheck.summary_text(gen) == "self-check: 3 sequences, 20 rows in 2 calls, worst 0.004 (0.02 nats) against 0.03, 0.0 s"
+    totals.off = "the workers do not run self-check-reference"
+    assert "self-check off (the workers" in selfcheck.summary_text(gen)
+
+
+# -- with torch: the worker's side on a stand-in model --------------------------------------------
+
+
+class Stand:
+    """A stand-in for a vLLM model with ``layers``, a final ``norm`` and ``compute_logits``; and
+    its runner's layout of one step (what ``_get_prompt_logprobs_dict`` reads)."""
+
+    def __init__(self, torch, hidden=16, vocab=40, layers=3, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.torch = torch
+        w = torch.rand(hidden, generator=g) + 0.5
+        norm = torch.nn.Module()
+        norm.weight = torch.nn.Parameter(w, requires_grad=False)
+
+        def forward(x, residual=None):
+            if residual is not None:
+                x = x + residual
+                out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+                return out, x
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+
+        norm.forward = forward
+        self.base = torch.nn.Module()
+        self.base.norm = norm
+        self.base.layers = torch.nn.ModuleList([torch.nn.Identity() for _ in range(layers)])
+        head = torch.randn(vocab, hidden, generator=g)
+        self.model = types.SimpleNamespace(compute_logits=lambda h: h @ head.T)
+        self.runner = types.SimpleNamespace(
+            model=self.model, input_batch=types.SimpleNamespace(req_id_to_index={}),
+            query_start_loc=types.SimpleNamespace(np=None), requests={},
+            model_config=types.SimpleNamespace(get_vocab_size=lambda: vocab))
+        self.hidden = hidden
+
+    def step(self, state, reqs, g):
+        """One forward of ``reqs`` (req id -> (tokens, computed)) laid out in the given order; the
+        last layer's (hidden, residual) and the final norm's output go through the hooks."""
+        torch = self.torch
+        import numpy as np
+
+        n = sum(t for t, _ in reqs.values())
+        hidden = torch.randn(n, self.hidden, generator=g)
+        residual = torch.randn(n, self.hidden, generator=g)
+        self.runner.input_batch.req_id_to_index = {r: i for i, r in enumerate(reqs)}
+        self.runner.query_start_loc.np = np.cumsum([0] + [t for t, _ in reqs.values()])
+        self.runner.requests = {r: types.SimpleNamespace(num_computed_tokens=c) for r, (_, c) in reqs.items()}
+        state.on_last_layer(None, (), (hidden, residual))
+        out, _ = self.base.norm(hidden, residual)
+        state.on_output(None, (hidden, residual), (out, None))
+        return hidden + residual
+
+
+def test_worker_compares_the_callers_rows_with_vllms_own_and_catches_faults():
+    torch = pytest.importorskip("torch")
+    m = Stand(torch)
+    state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=False)
+    g = torch.Generator().manual_seed(1)
+    tokens = {"req_0_0": list(range(5)), "req_0_1": list(range(7)), "req_0_2": list(range(3))}
+    plan = selfcheck.Plan({r: (i, len(t), 0) for i, (r, t) in enumerate(tokens.items()) if i != 2})
+    state.arm(plan)
+    # vLLM lays the step out in its own order (not the input order)
+    rows = m.step(state, {"req_0_1": (7, 0), "req_0_2": (3, 0), "req_0_0": (5, 0)}, g)
+    mine = {"req_0_1": rows[0:7], "req_0_2": rows[7:10], "req_0_0": rows[10:15]}
+    good = [mine["req_0_0"].clone(), mine["req_0_1"].clone()]
+    got = state.compare(good)
+    assert [r["sequence"] for r in got] == [0, 1]
+    assert all(r["worst"] < 1e-5 and r["missing"] == 0 and r["rows"] == r["tokens"] for r in got)
+    assert selfcheck.verdict(got, 0.03) is None
+    assert state.plan is None and state.refs == {}
+
+    def run(candidates):
+        state.arm(selfcheck.Plan({r: (i, len(t), 0) for i, (r, t) in enumerate(tokens.items()) if i != 2}))
+        m.step(state, {"req_0_1": (7, 0), "req_0_2": (3, 0), "req_0_0": (5, 0)}, torch.Generator().manual_seed(1))
+        return state.compare(candidates)
+
+    shifted = good[1].clone()
+    shifted[:-1] = good[1][1:]
+    dropped = good[0].clone()
+    dropped[-1] = good[1][0]
+    normed = m.base.norm(good[0])
+    for name, cands, seq in [("swap", [good[1][:5], good[0].new_zeros(0, 16)], 0), ("shift", [good[0], shifted], 1),
+                             ("drop", [dropped, good[1]], 0), ("norm", [normed, good[1]], 0)]:
+        msg = selfcheck.verdict(run(cands), 0.03)
+        assert msg and f"sequence {seq}" in msg, name
+    assert "position 4" in selfcheck.verdict(run([dropped, good[1]]), 0.03)
+
+
+def test_worker_capture_of_the_last_layer_follows_the_stock_layout():
+    torch = pytest.importorskip("torch")
+    m = Stand(torch)
+    state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
+    tokens = [list(range(4)), list(range(6)), list(range(2))]
+    starts = [0, 4, 10]
+    plan = selfcheck.Plan({f"req_0_{i}": (i, len(t), starts[i]) for i, t in enumerate(tokens) if i in (1, 2)})
+    state.arm(plan)
+    g = torch.Generator().manual_seed(3)
+    # two steps, each in input order (what the stock slicing assumes and v1-chunked-prefill keeps)
+    m.step(state, {"req_0_0": (4, 0), "req_0_1": (6, 0)}, g)
+    m.step(state, {"req_0_2": (2, 0)}, g)
+    got = state.compare(None)
+    assert [(r["sequence"], r["rows"], r["missing"]) for r in got] == [(1, 6, 0), (2, 2, 0)]
+    assert max(r["worst"] for r in got) < 1e-5
+    # the same steps laid out by vLLM in another order than the stock cut assumes: caught
+    state.arm(plan)
+    g = torch.Generator().manual_seed(3)
+    m.step(state, {"req_0_1": (6, 0), "req_0_0": (4, 0)}, g)
+    m.step(state, {"req_0_2": (2, 0)}, g)
+    msg = selfcheck.verdict(state.compare(None), 0.03)
+    assert msg and "sequence 1" in msg
+
+
+def test_worker_reference_of_a_request_split_over_steps_and_missing_positions():
+    torch = pytest.importorskip("torch")
+    m = Stand(torch)
+    state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
+    t = list(range(9))
+    state.arm(selfcheck.Plan({"req_1_0": (0, 9, 0)}))
+    g = torch.Generator().manual_seed(5)
+    m.step(state, {"req_1_0": (5, 0)}, g)  # chunked: positions 0-4, then 5-8
+    m.step(state, {"req_1_0": (4, 5)}, g)
+    got = state.compare(None)
+    assert got[0]["missing"] == 0 and got[0]["worst"] < 1e-5
+    state.arm(selfcheck.Plan({"req_1_0": (0, 9, 0)}))
+    m.step(state, {"req_1_0": (6, 3)}, torch.Generator().manual_seed(5))  # 3 positions from a cache
+    got = state.compare(None)
+    assert (got[0]["missing"], got[0]["first_missing"]) == (3, 0)
+    assert "no state for 3 of its 9 positions" in selfcheck.verdict(got, 0.03)
+
+
+def test_shared_rows_reach_the_workers_bit_for_bit(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
+    rows = [torch.randn(5, 8).to(torch.bfloat16), torch.randn(1, 8).to(torch.bfloat16), torch.randn(300, 8)]
+    handle = selfcheck.share_rows(rows)
+    assert isinstance(handle, selfcheck.SharedRows) and len(list(tmp_path.iterdir())) == 1
+    import pickle
+
+    back = selfcheck._open_rows(pickle.loads(pickle.dumps(handle)))
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(rows, back))
+    selfcheck.unshare(handle)
+    assert list(tmp_path.iterdir()) == []
