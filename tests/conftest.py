@@ -8,6 +8,8 @@ when the whole session passed, ``pytest_sessionfinish`` writes it into DIR as on
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from speculators_compat import _env, hooks
@@ -39,6 +41,7 @@ def pytest_sessionfinish(session, exitstatus):
         "models": sorted(RUN["models"]),
         "tp": sorted(RUN["tp"]),
         "max_abs_diff": {m: float(f"{d:.3g}") for m, d in sorted(RUN["max_abs_diff"].items())},
+        "steps": "comparison" if matrix.QUICK_VAR in os.environ else "all",
     })
     print(f"\nvalidation run written to {path}")
 
