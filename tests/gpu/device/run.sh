@@ -23,6 +23,7 @@
 #             + $OUT/logs.tar.gz. RUNNER_ARGS adds options (default: --parallel when 2 GPUs);
 #             the budget is what is left of 570 s since this script started (BUDGET overrides)
 #   tests-tp1 | tests-tp2 | tests-perf   one phase only (for a call after a partial run)
+#   selfcheck  benchmarks/gpu_extract.py selfcheck on llama-8b, dsv3 and kimi: $OUT/selfcheck-*.json
 #   bench-models  benchmarks/gpu_extract.py build: the random bf16 Llamas "1.2B" and "8B" under $BM
 #             (/tmp/g016/bm; transformers 4.57 as for prepare; no vLLM needed, so it runs in call 1)
 #   bench     benchmarks/gpu_extract.py bench on each of $BENCH_MODELS (llama-1b llama-8b): vLLM's
@@ -140,6 +141,15 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
       > "$OUT/stock-$m.log" 2>&1; echo "stock $m rc=$?"
     cp "$BM/stock-$m.json" "$OUT/" 2>/dev/null; rm -rf "${STOCK_DISK:-/tmp/stock}/out"
     grep -E "^\{" "$OUT/stock-$m.log" | cut -c1-1800 | tail -1 ;;
+  selfcheck)
+    # the self-check's separation (correct rows against each test-only fault) on the 8B bench model
+    # and the prepared DeepSeek-V3 MLA and Kimi-shaped INT4 models
+    for m in $BM/llama-8b $G016_ROOT/models/dsv3 $G016_ROOT/models/kimi; do
+      n=$(basename "$m")
+      timeout ${TMO_SC:-150} python3 benchmarks/gpu_extract.py selfcheck "$m" --out "$OUT/selfcheck-$n.json" \
+        --prompts ${SC_PROMPTS:-16} --len ${SC_LEN:-1024} > "$OUT/selfcheck-$n.log" 2>&1
+      echo "selfcheck $n rc=$? (t=$(( $(date +%s) - T_START ))s)"; grep -E "^\{" "$OUT/selfcheck-$n.log" | cut -c1-900 | tail -1
+    done ;;
   tf5)
     # the image's own transformers 5.x (no 4.57 ahead on the path): import speculators 0.3.0 through the
     # tf5-* patches, then one extraction (models and references were built on 4.57 by prepare)
