@@ -148,7 +148,7 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
       n=$(basename "$m")
       timeout ${TMO_SC:-150} python3 benchmarks/gpu_extract.py selfcheck "$m" --out "$OUT/selfcheck-$n.json" \
         --prompts ${SC_PROMPTS:-16} --len ${SC_LEN:-1024} > "$OUT/selfcheck-$n.log" 2>&1
-      echo "selfcheck $n rc=$? (t=$(( $(date +%s) - T_START ))s)"; grep -E "^\{" "$OUT/selfcheck-$n.log" | cut -c1-900 | tail -1
+      echo "selfcheck $n rc=$? (t=$(( $(date +%s) - T_START ))s)"; grep -F "{" "$OUT/selfcheck-$n.log" | cut -c1-300 | tail -8
     done ;;
   tf5)
     # the image's own transformers 5.x (no 4.57 ahead on the path): import speculators 0.3.0 through the
