@@ -621,6 +621,7 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         time.sleep(0.2)
     end = time.time()
     reader.join(timeout=5)
+    Path(f"{out}.child.log").write_text("\n".join(line for _, line in lines) + "\n")  # the whole run's output
     report["rc"] = proc.returncode
     report["log_tail"] = [line for _, line in lines if any(k in line for k in ("run:", "saved", "Error", "WARNING"))][-8:]
     files = sorted(outdir.glob("data_*.pt"))
@@ -652,6 +653,9 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         if run.group(5) is not None:
             report["held_results_waited_s"] = float(run.group(5))
             report["held_results_peak_gib"] = float(run.group(6))
+    if prefill_json and not Path(prefill_json).exists():
+        report["prefill_json_missing"] = prefill_json  # run bench first: the run is kept, without the ratios
+        prefill_json = None
     if prefill_json:
         bench_report = json.loads(Path(prefill_json).read_text())
         prefill = bench_report["median_tokens_s"]["prefill"]

@@ -536,7 +536,7 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
 #: a new patch takes its place here)
 APPLY_ORDER = {
     GENERATOR: [
-        "validated-release", "api-inventory", "v1", "v1-prefix-caching", "v1-chunked-prefill",
+        "validated-release", "api-inventory", "spawn-workers", "v1", "v1-prefix-caching", "v1-chunked-prefill",
         "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
         "dtype", "cpu-block-size", "driver-threads", "pipelined-steps", "v5", "stock-calls", "s04-scheduler-loop",
         "s04-result-order", "results-in-place", "guard-output", "self-check", "guard-input", "atomic-save", "report",

@@ -139,7 +139,9 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
     timeout ${TMO_STOCK:-290} python3 benchmarks/gpu_extract.py stock "$BM/$m" --out "$BM/stock-$m.json" \
       --calls ${STOCK_CALLS:-50} --batch 16 --disk ${STOCK_DISK:-/tmp/stock} --prefill-json "$BM/bench-$m.json" ${STOCK_ARGS-} \
       > "$OUT/stock-$m.log" 2>&1; echo "stock $m rc=$?"
-    cp "$BM/stock-$m.json" "$OUT/" 2>/dev/null; rm -rf "${STOCK_DISK:-/tmp/stock}/out"
+    cp "$BM/stock-$m.json" "$OUT/stock-$m${STOCK_TAG-}.json" 2>/dev/null
+    tail -c 400000 "$BM/stock-$m.json.child.log" > "$OUT/stock-$m${STOCK_TAG-}.child.log" 2>/dev/null
+    rm -rf "${STOCK_DISK:-/tmp/stock}/out"
     grep -E "^\{" "$OUT/stock-$m.log" | cut -c1-1800 | tail -1 ;;
   selfcheck)
     # the self-check's separation (correct rows against each test-only fault) on the 8B bench model
