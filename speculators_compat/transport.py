@@ -15,6 +15,7 @@ the driver hands out (below). Nothing here imports torch or vLLM at import time.
 
 from __future__ import annotations
 
+import gc
 import glob
 import itertools
 import logging
@@ -278,6 +279,9 @@ class Pool:
         self.waited_s = 0.0
         #: the most bytes of segments held at once (results not yet freed + the call's)
         self.peak_bytes = 0
+        #: the largest call's segment so far: the held-results limit is counted in such calls, so
+        #: results of a large call still held do not make every smaller call after it wait
+        self.largest_call = 0
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -306,11 +310,17 @@ class Pool:
         call would exceed it, wait -- as long as the caller is freeing results (saving them):
         a caller that keeps its results, or frees none for ``STALL_S``, is not waited for."""
         with self._cond:
+            self.largest_call = max(self.largest_call, _align(nbytes, SEGMENT_QUANTUM))
             if limit:
                 start = time.monotonic()
+                collected = False
                 while self._held() and self._held() + _align(nbytes, SEGMENT_QUANTUM) > limit:
                     if self._last_free is None:
                         break  # nothing was ever freed: the caller keeps its results
+                    if not collected:  # results the caller dropped in a reference cycle wait for the collector
+                        collected = True
+                        gc.collect()
+                        continue
                     idle = time.monotonic() - self._last_free
                     if idle >= STALL_S:
                         if not self._stalled:

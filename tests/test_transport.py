@@ -227,6 +227,26 @@ def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
     pool.release(seg)
 
 
+def test_results_of_a_large_call_still_held_do_not_make_smaller_calls_wait(shm):
+    """The held-results limit counts calls as large as the largest so far: a caller that keeps
+    one large call's results and goes on with small calls (freed at once) never waits."""
+    import gc
+
+    pool = transport.Pool()
+    # a large call: more states than the default limit of 4 small calls' segments
+    big_lengths = [5 * transport.SEGMENT_QUANTUM // (3 * 24 * 2) + 8]
+    kept = run_call(pool, big_lengths, steps=big_lengths)[0]
+    small = transport.layout([8], 3, 24, 2)[1]
+    for _ in range(3):
+        run_call(pool, [8], steps=[8])
+        gc.collect()
+    assert pool.held_bytes() > transport.held_results_limit(small)  # counted in small calls, it would wait
+    assert pool.largest_call > 5 * transport.SEGMENT_QUANTUM
+    seg = pool.acquire(small, transport.held_results_limit(max(small, pool.largest_call)))
+    assert pool.waited_s < 0.5 and kept  # no wait, the large results still held
+    pool.release(seg)
+
+
 def test_the_stock_generate_still_slices_as_the_patch_expects():
     from speculators_compat.patches.features import results_in_place
 

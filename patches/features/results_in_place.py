@@ -114,7 +114,7 @@ def _generate(wrapped, instance, args, kwargs):
     pool = transport.pool_of(instance)
     if pool is None:
         pool = instance.__dict__[transport.POOL_ATTR] = transport.Pool()
-    seg = pool.acquire(nbytes, transport.held_results_limit(nbytes))
+    seg = pool.acquire(nbytes, transport.held_results_limit(max(nbytes, pool.largest_call)))
     if seg is None:
         executor.collective_rpc(transport.accept_plan, args=(None,))
         return wrapped(*args, **kwargs)
