@@ -248,7 +248,11 @@ class Sources:
         hit = self.member(module, cls, name)
         if not hit:
             return ""
-        return _segment(self.lines(hit[0]), hit[1])
+        return self.segment(hit[0], hit[1])
+
+    def segment(self, module: str, node: ast.AST) -> str:
+        """The source of ``node`` of ``module`` (``ast.get_source_segment``, lines split once)."""
+        return _segment(self.lines(module), node)
 
     # -- signatures ------------------------------------------------------------------------
     def params(self, module: str, name: str, method: str | None = None) -> dict[str, inspect.Parameter] | None:

@@ -78,7 +78,7 @@ def static_probe(view) -> Probe:
     hit = view.vllm.resolve(MOE, "cpu_fused_moe_torch")
     source = ""
     if hit and isinstance(hit[1], ast.FunctionDef):
-        source = ast.get_source_segment(view.vllm.text(hit[0]), hit[1]) or ""
+        source = view.vllm.segment(hit[0], hit[1])
     return _judge(True, "__missing__" if "__missing__" in members else "", source)
 
 

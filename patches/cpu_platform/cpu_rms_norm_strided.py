@@ -80,7 +80,7 @@ def static_probe(view) -> Probe:
             raise LookupError(f"cannot read {CUSTOM_OPS}.{name} from the installed sources")
         shapes[name] = tuple(view.vllm.params(CUSTOM_OPS, name) or ())
         if name == "rms_norm":
-            wrapper = ast.get_source_segment(view.vllm.text(hit[0]), hit[1]) or ""
+            wrapper = view.vllm.segment(hit[0], hit[1])
     return _judge(forward_cpu, wrapper, shapes)
 
 
