@@ -518,9 +518,15 @@ class LayerStates:
     def __init__(self, call: Call, layer: int) -> None:
         self._call, self._layer = call, layer
         self._starts = list(itertools.accumulate([0] + call.plan.lengths[:-1]))
+        self._cat = None
 
     def __len__(self) -> int:
         return self._call.plan.rows
+
+    def __bool__(self) -> bool:
+        # as the tensor it stands for: more than one value is ambiguous (a caller that takes
+        # a layer for the list of layers fails here, as it does on a plain reply)
+        return bool(self._whole())
 
     @property
     def shape(self):
@@ -529,9 +535,12 @@ class LayerStates:
         return torch.Size([self._call.plan.rows, self._call.plan.hidden])
 
     def _whole(self):
+        """The layer's rows concatenated (one copy, made once per layer)."""
         import torch
 
-        return torch.cat(self._call.blocks[self._layer]) if self._call.blocks[self._layer] else None
+        if self._cat is None and self._call.blocks[self._layer]:
+            self._cat = torch.cat(self._call.blocks[self._layer])
+        return self._cat
 
     def __getitem__(self, key):
         call = self._call

