@@ -70,6 +70,9 @@ class Env:
     system: tuple[str, ...] = field(default_factory=tuple)
     #: a command the test run goes through (tox substitutions allowed)
     wrap: str = ""
+    #: the whole-run kill-and-resume cases (the runner's own logic, alike on every release); off
+    #: where a CI environment must stay short and another one runs them
+    run_kills: bool = True
 
     @property
     def base(self) -> str:
@@ -106,6 +109,7 @@ def load(path: str = TABLE) -> tuple[dict, list[Env]]:
                 tp2=bool(merged["tp2"]), ci=bool(merged["ci"]), note=merged.get("note", ""),
                 extra=tuple(merged.get("extra", ())), preload=tuple(merged.get("preload", ())),
                 system=tuple(merged.get("system", ())), wrap=merged.get("wrap", ""),
+                run_kills=bool(merged.get("run_kills", True)),
             )
         )
     return data, envs

@@ -49,6 +49,8 @@ import matrix  # noqa: E402
 pytestmark = matrix.suite_is("full")
 ENV = matrix.current()
 TPS = [1, 2] if ENV is None or ENV.tp2 else [1]
+run_kills = pytest.mark.skipif(ENV is not None and not ENV.run_kills,
+                               reason=f"{ENV and ENV.name}: the whole-run kills run in another environment")
 
 HERE = Path(__file__).parent
 REAL = os.environ.get("SPECULATORS_COMPAT_REAL_DATAGEN", "")
@@ -296,6 +298,7 @@ def clean(setup):
 # -- kills of the whole run ------------------------------------------------------------------
 
 
+@run_kills
 def test_killed_five_times_at_random_then_resumed_equals_a_clean_run(setup, clean, tmp_path):
     seed = int(os.environ.get("SPECULATORS_COMPAT_KILL_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
@@ -466,6 +469,7 @@ def test_ctrl_c_mid_call_stops_cleanly_with_exit_code_130(setup, tmp_path, tp):
 SHARD_TPS = [1] + ([2] if 2 in TPS and os.environ.get("SPECULATORS_COMPAT_SHARDS_TP2") else [])
 
 
+@run_kills
 @pytest.mark.parametrize("tp", SHARD_TPS)
 def test_two_shards_one_killed_and_resumed_equal_a_clean_run(setup, clean, tmp_path, tp):
     """Shard 0 as torchrun starts it (RANK / WORLD_SIZE) and shard 1 as an srun step does
