@@ -127,8 +127,18 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
 
 
 def _stop(signame: str, code: int) -> int:
+    import sys
+    import traceback
+
     from . import lifecycle
 
+    interrupted = sys.exc_info()[2]
+    if interrupted is not None:
+        # the interrupted call's locals go now: a view of a vLLM shared-memory ring buffer kept
+        # in them makes the buffer's close at exit print "BufferError: cannot close exported
+        # pointers exist"
+        traceback.clear_frames(interrupted)
+        del interrupted
     stopped = lifecycle.shutdown_all()
     if not stopped:
         import gc
