@@ -18,8 +18,8 @@ Detection: vLLM's current platform is the CPU and ``RotaryEmbedding.forward_cpu`
 CPU there; measured on 0.13.0: the kernel mis-rotates 3-D views by up to ~7); on other
 platforms, if the kernel call is gone, or where the stock worker extension refuses
 DeepSeek-architecture models itself (0.11.0: ``v3`` not needed, and ``supports_eagle3`` false
-for ``DeepseekV2ForCausalLM``), not needed. Applied in the worker processes only (they run the model), and only
-where the speculators worker extension is imported.
+for ``DeepseekV2ForCausalLM``), not needed. Applied in the worker processes only (they run the
+model), and only where the speculators worker extension is imported.
 
 Remove when vLLM's CPU rotary kernel handles 3-D queries (or the non-MLA DeepSeek path
 flattens them).
