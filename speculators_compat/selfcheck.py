@@ -19,7 +19,8 @@ difference of a log-prob (nats) is reported beside it. The driver gets a few num
 checked sequence, never a vocabulary-sized tensor.
 
 Driver side (the ``self-check`` patch): which sequences a call checks, the rows handed to the
-workers (one shared-memory file, mapped by every rank), the verdict and the run's totals.
+workers (by reference to the ``results-in-place`` blocks where one worker holds the weights, else
+one shared-memory file mapped by every rank), the verdict and the run's totals.
 Worker side (``self-check-reference``): the hooks recording vLLM's own rows, and the
 comparison. Nothing here imports torch or vLLM at import time.
 """
@@ -209,6 +210,36 @@ def verdict(results: list[dict], tol: float) -> str | None:
     return None
 
 
+class SegmentRows:
+    """Rows the caller holds in ``results-in-place`` blocks, named by where they lie in the
+    driver's segments (``refs``: ``(segment, offset, dtype, shape)`` per tensor): the capturing
+    worker, which has those segments mapped, reads the very bytes the caller got (no copy)."""
+
+    def __init__(self, refs: list) -> None:
+        self.refs = refs
+
+
+def rows_for_workers(generator, rows: list):
+    """The caller's rows as the workers get them: where one worker holds the weights and the rows
+    lie in the generator's ``results-in-place`` blocks, by reference (:class:`SegmentRows`); else
+    copied into one shared-memory file (:func:`share_rows`)."""
+    from . import transport
+
+    pool = transport.pool_of(generator)
+    parallel = getattr(getattr(generator, "vllm_config", None), "parallel_config", None)
+    world = getattr(parallel, "world_size", None)
+    if pool is not None and world == 1:
+        refs = []
+        for t in rows:
+            where = pool.locate(t)
+            if where is None:
+                break
+            refs.append((where[0], where[1], str(t.dtype).replace("torch.", ""), list(t.shape)))
+        else:
+            return SegmentRows(refs)
+    return share_rows(rows)
+
+
 class SharedRows:
     """Rows for the workers in one shared-memory file (``layout``: ``(dtype, shape, offset)`` per
     tensor); every rank maps it, the driver removes it after the call."""
@@ -267,7 +298,17 @@ def unshare(rows) -> None:
         transport._unlink(rows.path)
 
 
-def _open_rows(rows) -> list:
+def _open_rows(rows, extension=None) -> list:
+    if isinstance(rows, SegmentRows):
+        from .transport import worker_rows
+
+        out = [worker_rows(extension, *ref) if extension is not None else None for ref in rows.refs]
+        if any(t is None for t in out):
+            from .errors import SelfCheckError
+
+            raise SelfCheckError("self-check: the caller's rows lie in a shared-memory segment this worker has "
+                                 "not mapped")
+        return out
     if not isinstance(rows, SharedRows):
         return list(rows)
     import torch
@@ -402,14 +443,14 @@ class WorkerCheck:
             states[-1] = self.step.clone()
         return states
 
-    def compare(self, rows) -> list[dict] | None:
+    def compare(self, rows, extension=None) -> list[dict] | None:
         """Every checked sequence's difference (on the rank that gathers the logits; ``None`` on the others)."""
         import torch
 
         plan, self.plan = self.plan, None
         if plan is None:
             return []
-        given = _open_rows(rows) if rows is not None else None
+        given = _open_rows(rows, extension) if rows is not None else None
         vocab = int(self.runner.model_config.get_vocab_size())
         chunk = max(1, CHUNK_VALUES // max(vocab, 1))
         out, gathered = [], True
@@ -424,7 +465,8 @@ class WorkerCheck:
                 if missing:
                     result["first_missing"] = 0 if filled is None else int((~filled).nonzero()[0])
                 if ref is not None and cand is not None:
-                    cand = cand.to(device=ref.device, dtype=ref.dtype)
+                    # pinned where the rows lie in a results-in-place block: an asynchronous copy
+                    cand = cand.to(device=ref.device, dtype=ref.dtype, non_blocking=True)
                     got = _differences(self.model, self.norm, cand, ref, chunk)
                     if got is None:
                         gathered = False
@@ -437,7 +479,7 @@ class WorkerCheck:
 
 def _differences(model, norm, cand, ref, chunk) -> dict | None:
     """The worst position of ``cand`` (rows before the final norm) against ``ref`` (vLLM's final
-    hidden states): both through the model's own ``compute_logits``; the relative difference of
+    hidden states): both through the model's own ``compute_logits`` (one call per chunk); the relative difference of
     the centred logits (= of the centred log-probs), and the log-probs' largest difference. One
     synchronisation at the end; ``None`` on a rank the logits are not gathered to."""
     import torch
@@ -446,11 +488,11 @@ def _differences(model, norm, cand, ref, chunk) -> dict | None:
     rel_max, rel_arg, nats = [], [], []
     for a in range(0, n, chunk):
         b = min(n, a + chunk)
-        zc = model.compute_logits(norm(cand[a:b]))
-        zr = model.compute_logits(ref[a:b])
-        if zc is None or zr is None:
+        z = model.compute_logits(torch.cat([norm(cand[a:b]), ref[a:b]]))  # both in one pass
+        if z is None:
             continue
-        zc, zr = zc.float(), zr.float()
+        z = z.float()
+        zc, zr = z[:b - a], z[b - a:]
         d = zc - zr  # log_softmax shifts each row by a constant, which the centring removes
         spread = (zr - zr.mean(-1, keepdim=True)).norm(dim=-1).clamp_min(1e-30)
         rel = torch.nan_to_num((d - d.mean(-1, keepdim=True)).norm(dim=-1) / spread, nan=math.inf)
@@ -488,10 +530,11 @@ def arm(worker, plan: Plan | None):
 def check(worker, rows):
     """Every worker: compare the armed call's rows (``rows``: the caller's last-layer rows of the
     checked sequences, in plan order; ``None``: the rows recorded here)."""
-    state = _extension(worker).__dict__.get(WORKER_STATE)
+    extension = _extension(worker)
+    state = extension.__dict__.get(WORKER_STATE)
     if state is None:
         return None
-    return state.compare(rows)
+    return state.compare(rows, extension)
 
 
 def install_worker(extension, base) -> str | None:

@@ -243,10 +243,13 @@ def layout(lengths: list[int], layers: int, hidden: int, itemsize: int) -> tuple
 
 
 class _Segment:
-    __slots__ = ("id", "path", "size", "mm", "live", "busy", "known", "__weakref__")
+    __slots__ = ("id", "path", "size", "mm", "base", "live", "busy", "known", "__weakref__")
 
     def __init__(self, id, path, size, mm):
+        import numpy as np
+
         self.id, self.path, self.size, self.mm = id, path, size, mm
+        self.base = np.frombuffer(mm, dtype=np.uint8, count=1).ctypes.data  # the mapping's address
         self.live = 0  # blocks handed out and not yet freed
         self.busy = False  # a call is writing into it
         self.known = False  # the workers have mapped it (and the file is unlinked)
@@ -399,6 +402,18 @@ class Pool:
         if not seg.known:
             seg.known = True
             _unlink(seg.path)
+
+    def locate(self, tensor) -> tuple[int, int] | None:
+        """``(segment id, byte offset)`` of a contiguous tensor lying in a segment the workers
+        have mapped (a block handed out by this pool), else ``None``."""
+        if not tensor.is_contiguous() or tensor.device.type != "cpu":
+            return None
+        ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        with self._cond:
+            for seg in self._segments.values():
+                if seg.known and seg.base <= ptr and ptr + nbytes <= seg.base + seg.size:
+                    return seg.id, ptr - seg.base
+        return None
 
     def release(self, seg: _Segment) -> None:
         """The call is over (its blocks, if any were handed out, keep the segment held)."""
@@ -742,6 +757,22 @@ class WorkerState:
         if self.stream is not None:
             self.stream.synchronize()
         self.plan, self.sums, self.views, self.error = None, [], {}, None
+
+
+def worker_rows(extension, segment: int, offset: int, dtype: str, shape: list):
+    """In the capturing worker: the rows at ``offset`` of the driver's segment ``segment`` (the
+    same memory the driver's block tensor has; pinned on CUDA), or ``None`` if not mapped here."""
+    import math
+
+    state = extension.__dict__.get(WORKER_STATE)
+    entry = state.segments.get(segment) if state is not None else None
+    if entry is None:
+        return None
+    dt = _dtype(dtype)
+    nbytes = math.prod(shape) * _itemsize(dt)
+    if offset < 0 or offset + nbytes > entry[0].numel():
+        return None
+    return entry[0][offset:offset + nbytes].view(dt).view(shape)
 
 
 def _map(path: str, size: int) -> tuple:

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from speculators_compat import _env, selfcheck
-from speculators_compat.errors import InvalidInputError
+from speculators_compat.errors import InvalidInputError, SelfCheckError
 
 
 def test_options(monkeypatch):
@@ -227,4 +227,51 @@ def test_shared_rows_reach_the_workers_bit_for_bit(tmp_path, monkeypatch):
     back = selfcheck._open_rows(pickle.loads(pickle.dumps(handle)))
     assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(rows, back))
     selfcheck.unshare(handle)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rows_in_results_blocks_reach_a_single_worker_by_reference(tmp_path, monkeypatch):
+    """With one worker, rows the caller holds in results-in-place blocks are named, not copied: the
+    worker reads the very bytes (a change the caller makes is seen); with more workers, or rows
+    outside the blocks, they travel in a shared-memory file."""
+    torch = pytest.importorskip("torch")
+    import pickle
+
+    from speculators_compat import transport
+
+    monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(transport, "MARGIN", 0)
+    pool = transport.Pool()
+    lengths, hidden = [3, 6], 8
+    _, nbytes = transport.layout(lengths, 2, hidden, 2)
+    seg = pool.acquire(nbytes, None)
+    plan = pool.plan(seg, lengths, 2, hidden, "bfloat16", 2)
+    ext = types.SimpleNamespace()
+    state = ext.__dict__[transport.WORKER_STATE] = transport.WorkerState()
+    state.accept(plan)
+    pool.mapped(seg)
+    blocks = pool.blocks(seg, plan)
+    for layer in blocks:
+        for b in layer:
+            b.copy_(torch.randn(b.shape).to(torch.bfloat16))
+    parallel = types.SimpleNamespace(world_size=1)
+    generator = types.SimpleNamespace(vllm_config=types.SimpleNamespace(parallel_config=parallel))
+    generator.__dict__[transport.POOL_ATTR] = pool
+    rows = [blocks[1][1], blocks[1][0]]
+    handle = selfcheck.rows_for_workers(generator, rows)
+    assert isinstance(handle, selfcheck.SegmentRows) and list(tmp_path.iterdir()) == []
+    got = selfcheck._open_rows(pickle.loads(pickle.dumps(handle)), ext)
+    assert all(torch.equal(a, b) for a, b in zip(rows, got))
+    rows[0][2, 5] = 3.0
+    assert got[0][2, 5].item() == 3.0  # the same memory
+    with pytest.raises(SelfCheckError, match="not mapped"):
+        selfcheck._open_rows(handle, types.SimpleNamespace())
+    copied = selfcheck.rows_for_workers(generator, [rows[0].clone()])
+    assert isinstance(copied, selfcheck.SharedRows)
+    selfcheck.unshare(copied)
+    parallel.world_size = 2  # other ranks have no mapping: a file for all
+    shared = selfcheck.rows_for_workers(generator, rows)
+    assert isinstance(shared, selfcheck.SharedRows)
+    assert all(torch.equal(a, b) for a, b in zip(rows, selfcheck._open_rows(shared)))
+    selfcheck.unshare(shared)
     assert list(tmp_path.iterdir()) == []

@@ -127,7 +127,8 @@ def stock_results(aux_hidden_states, lengths):
     return results
 
 
-def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, seed=0, corrupt=None, use=None):
+def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, seed=0, corrupt=None, use=None,
+             worker=None):
     """One call through the mechanism: plan, the worker's copies of ``steps`` (rows per step,
     cutting sequences anywhere), the pickled reply, the stock slicing (or ``use(reply, lengths)``).
     Returns (results, want, call)."""
@@ -139,7 +140,7 @@ def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, 
     _, nbytes = transport.layout(lengths, n_layers, hidden, full[0].element_size())
     seg = pool.acquire(nbytes, None)
     plan = pool.plan(seg, lengths, n_layers, hidden, str(dtype).replace("torch.", ""), full[0].element_size())
-    worker = transport.WorkerState()
+    worker = worker or transport.WorkerState()
     worker.accept(plan)
     pool.mapped(seg)
     call = transport.Call(plan, pool.blocks(seg, plan))
@@ -169,6 +170,26 @@ def test_the_stock_slicing_gets_blocks_that_own_exactly_their_bytes(shm, tmp_pat
     torch.save(results[4][0], tmp_path / "one.pt")
     assert (tmp_path / "one.pt").stat().st_size < 40 * 24 * 2 + 2048
     assert call.finite == [True, True, True] and len(call.finite_blocks()) == 15
+
+
+def test_a_block_is_located_where_the_worker_reads_the_very_bytes_the_caller_holds(shm):
+    """The self-check hands the capturing worker the caller's rows by reference: the driver names a
+    block's segment and offset, and the worker's view there is the same memory."""
+    pool = transport.Pool()
+    ext = Ext(None)
+    worker = ext.__dict__[transport.WORKER_STATE] = transport.WorkerState()
+    lengths = [5, 17, 3]
+    results, want, call = run_call(pool, lengths, steps=[25], worker=worker)
+    block = results[1][2]  # sequence 1, last layer
+    seg_id, offset = pool.locate(block)
+    view = transport.worker_rows(ext, seg_id, offset, "bfloat16", [17, 24])
+    assert torch.equal(view, want[1][2])
+    block[3, 4] = 7.0  # the caller's bytes are the worker's
+    assert view[3, 4].item() == 7.0
+    assert pool.locate(block[:, :8]) is None  # not contiguous
+    assert pool.locate(block.clone()) is None  # not in a segment
+    assert transport.worker_rows(ext, seg_id + 1, offset, "bfloat16", [17, 24]) is None  # not mapped there
+    assert transport.worker_rows(ext, seg_id, 1 << 40, "bfloat16", [17, 24]) is None  # outside it
 
 
 def test_a_non_finite_layer_is_not_certified(shm):

@@ -9,8 +9,9 @@ How: ``VllmHiddenStatesGenerator.generate`` is wrapped. For a sample of the call
 (``SPECULATORS_COMPAT_SELF_CHECK``, default 1 per call; ``0``: off; ``all``) the workers are
 armed with their stock request ids before the stock code runs; the workers'
 ``self-check-reference`` records vLLM's own final hidden states of those requests. After the
-call, the rows the caller got for the last decoder layer go to every worker through one
-shared-memory file; each worker puts them through the model's own final norm and
+call, the rows the caller got for the last decoder layer reach the workers: on one worker, where
+they lie in ``results-in-place`` blocks, by reference (the worker reads the very bytes the caller
+holds); else through one shared-memory file. Each worker puts them through the model's own final norm and
 ``compute_logits`` (vocabulary-parallel, gathered over vLLM's TP group) and compares the
 next-token log-probs with those of vLLM's own states, position by position
 (:mod:`speculators_compat.selfcheck`: the measure, and what comes back -- a few numbers per
@@ -141,7 +142,8 @@ def _generate(wrapped, instance, args, kwargs):
                    if fault in selfcheck.DRIVER_FAULTS and not internal else [])
         if faulted:
             log.warning("self-check: test fault %r injected into sequences %s", fault, faulted)
-        rows = None if internal else selfcheck.share_rows([results[i]["hidden_states"][-1] for i in checked])
+        rows = None if internal else selfcheck.rows_for_workers(instance, [results[i]["hidden_states"][-1]
+                                                                          for i in checked])
         try:
             replies = executor.collective_rpc(selfcheck.check, args=(rows,))
         finally:
