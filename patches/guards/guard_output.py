@@ -42,7 +42,7 @@ def check(generator, inputs, results) -> None:
     for i, (ids, result) in enumerate(zip(inputs, results)):
         n = min(len(ids), max_len)
         got_ids = result["input_ids"]
-        if got_ids.shape != (n,) or not torch.equal(got_ids, torch.as_tensor(ids[:n], dtype=got_ids.dtype)):
+        if got_ids.shape != (n,) or not _same_ids(torch, got_ids, ids[:n]):
             raise CaptureContractError(f"sequence {i}: input_ids do not match the input (order or length changed)")
         states = result["hidden_states"]
         if len(states) != len(layers):
@@ -58,11 +58,20 @@ def check(generator, inputs, results) -> None:
                 raise CaptureContractError(f"sequence {i}, layer {layer}: non-finite values")
 
 
+def _same_ids(torch, got, want) -> bool:
+    """``got`` (a 1-D tensor) holds the token ids ``want`` (a 1-D tensor or a list of ints)."""
+    if isinstance(want, torch.Tensor):
+        return torch.equal(got, want.to(device=got.device, dtype=got.dtype))
+    return got.tolist() == want  # a list compared at C speed, no tensor built from it
+
+
 def _generate(wrapped, instance, args, kwargs):
     token_ids = kwargs["token_ids"] if "token_ids" in kwargs else args[0]
     results = wrapped(*args, **kwargs)
-    inputs = token_ids.tolist() if hasattr(token_ids, "tolist") else [list(s) for s in token_ids]
-    check(instance, [list(s) if not isinstance(s, list) else s for s in inputs], results)
+    # each sequence as given (a 1-D tensor, or a list), never iterated element by element
+    inputs = token_ids.tolist() if hasattr(token_ids, "tolist") else [
+        s if isinstance(s, list) or hasattr(s, "dim") else list(s) for s in token_ids]
+    check(instance, inputs, results)
     return results
 
 
