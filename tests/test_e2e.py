@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -680,7 +681,9 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
     data.write_text("\n".join(json.dumps(s) for s in samples) + "\n")
     # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
-    env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    # the script sleeps 0.5 s after each batch: the end line counts it between the calls
+    env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               SPECULATORS_DATAGEN_DELAY="0.5")
     cmd = [
         sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"),
         "--target-model-path", model, "--train-data-path", str(data),
@@ -689,6 +692,11 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
     assert f"saved {len(samples)} files" in proc.stdout
+    end = re.search(r"run: 3 generate\(\) calls, (\d+) tokens, [\d.]+ s \(\d+ tokens/s\); ([\d.]+) s between the calls",
+                    proc.stdout + proc.stderr)
+    assert end, (proc.stdout + proc.stderr)[-3000:]
+    assert int(end.group(1)) == sum(min(n, 2047) for n in lengths)
+    assert 1.0 <= float(end.group(2)) < 60, end.group(0)  # two gaps of at least the script's 0.5 s sleep
     for i, sample in enumerate(samples):
         saved = torch.load(tmp_path / "out" / f"data_{i}.pt")
         n = min(len(sample["input_ids"]), 2047)

@@ -7,7 +7,9 @@ whether the executor shut down cleanly (or what failed).
 
 How: ``VllmHiddenStatesGenerator.generate`` is wrapped to log, at INFO on the
 ``speculators_compat`` logger, the sequences, tokens, layers, hidden size, dtype and
-seconds of each call (and, at the end, the run's totals with what ``self-check`` checked);
+seconds of each call (and, at the end, the run's totals: the time inside ``generate()`` and
+between the calls -- the caller's own work, e.g. the stock script queueing its saves -- and what
+``self-check`` checked);
 ``__del__`` is wrapped to shut the executor down itself and log the
 outcome (the stock ``__del__`` swallows any error into a vague warning); after vLLM shut the
 executor down because a worker died, the line says so and names the worker. A generator that
@@ -54,10 +56,14 @@ def _generate(wrapped, instance, args, kwargs):
         tokens = sum(len(r["input_ids"]) for r in results)
         pool = transport.pool_of(instance)
         waited = (pool.waited_s - waited) if pool is not None else 0.0
-        totals = instance.__dict__.setdefault(TOTALS, {"calls": 0, "tokens": 0, "seconds": 0.0})
+        totals = instance.__dict__.setdefault(TOTALS, {"calls": 0, "tokens": 0, "seconds": 0.0, "between": 0.0,
+                                                       "end": None})
         totals["calls"] += 1
         totals["tokens"] += tokens
         totals["seconds"] += seconds
+        if totals["end"] is not None:  # the caller's own time since the previous call returned
+            totals["between"] += start - totals["end"]
+        totals["end"] = start + seconds
         log.info(
             "generate(): %d sequences, %d tokens, layers %s, hidden %d, %s, %.2f s%s",
             len(results),
@@ -79,6 +85,8 @@ def run_summary(generator) -> str | None:
     pool = transport.pool_of(generator)
     text = (f"{totals['calls']} generate() calls, {totals['tokens']} tokens, {totals['seconds']:.1f} s "
             f"({totals['tokens'] / max(totals['seconds'], 1e-9):.0f} tokens/s)")
+    if totals["calls"] > 1:
+        text += f"; {totals['between']:.1f} s between the calls (the caller's own work)"
     if pool is not None:
         text += (f"; {pool.waited_s:.1f} s waiting for held results to be freed (saved), "
                  f"at most {pool.peak_bytes / 2**30:.2f} GiB of results in shared memory")
