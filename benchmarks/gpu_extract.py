@@ -25,7 +25,8 @@ the copies from the device overlapping the steps; ``after_reply_s``: results and
 waiting for its copies), the capturing worker's peak device memory and peak resident memory, the
 driver's peak resident memory, and which of the performance patches applied
 in the driver and the worker (``missing_features``: any that did not -- then the figures are not
-the library's).
+the library's), and where the driver's own time went in one more extraction call (``driver_profile``:
+cProfile of its thread, the top functions by their own time).
 
 ``stock``: the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads, their
 futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches, saving to
@@ -37,7 +38,8 @@ shared-memory segment as ``results-in-place`` hands them out, saved by 4 threads
 last file complete (its rename) -- in samples/s, tokens/s and bytes/s, against the disk's bandwidth
 and (``--prefill-json``: a ``bench`` report of the same model) against the prefill; which of the two
 bounds the run (``limited_by``) and the ratio to it; the start-up and the teardown around it; each
-call's seconds; the held results' peak and the time ``generate()`` waited for them (the run's
+call's seconds, the script's own time between the calls and the saves still running after the
+last; the held results' peak and the time ``generate()`` waited for them (the run's
 summary line); the driver's and its workers' resident memory and ``/dev/shm`` use, sampled every
 0.2 s (bounded: the held results wait).
 
@@ -421,6 +423,7 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     if async_too:
         modes["extract"](), modes["extract_async"]()
         check_async()
+    report["driver_profile"] = _profile(lambda: extract_checked())  # where the driver's own time goes
     report["nohooks_error"] = sent.get("nohooks_error")
     med = {m: statistics.median(c["tokens_s"] for c in calls) for m, calls in report["calls"].items()}
     report["median_tokens_s"] = med
@@ -457,6 +460,20 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
         if engine is not None:
             engine.llm_engine.engine_core.shutdown()  # its engine process, which os._exit would leave behind
     os._exit(0)  # do not wait for the rest of the teardown
+
+
+def _profile(fn, top: int = 25) -> list:
+    """One call of ``fn`` under cProfile (the driver's thread): the functions that took the most
+    time of their own, as ``[function, calls, own ms, cumulative ms]``."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(fn)
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (primitive calls, calls, own, cumulative, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [[f"{Path(f).name}:{line}({name})", calls, round(own * 1e3, 2), round(cum * 1e3, 2)]
+            for (f, line, name), (_, calls, own, cum, _) in rows]
 
 
 def _blocking_execute(self, scheduler_output, *a, **k):
@@ -561,6 +578,7 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
 
 _GEN_LINE = re.compile(r"generate\(\): (\d+) sequences, (\d+) tokens, .* ([\d.]+) s")
 _RUN_LINE = re.compile(r"run: (\d+) generate\(\) calls, (\d+) tokens, ([\d.]+) s \((\d+) tokens/s\)"
+                       r"(?:; ([\d.]+) s between the calls[^;]*)?"
                        r"(?:; ([\d.]+) s waiting for held results .*?at most ([\d.]+) GiB)?")
 
 
@@ -644,6 +662,11 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         generate_calls=len(gen), call_s_median=round(statistics.median(per_call), 3), call_s_max=round(max(per_call), 3),
         call_s=[round(x, 3) for x in per_call],
         startup_s=round(first_call - t_start, 1), pipeline_s=round(window, 2), teardown_s=round(end - done[-1], 1),
+        # the script's own time between calls (a call's line arrives at its end), and the saves
+        # still running after the last call
+        between_calls_s=round(sum(b[0] - b[3] - a[0] for a, b in zip(gen, gen[1:])), 2),
+        between_calls_median_s=round(statistics.median([b[0] - b[3] - a[0] for a, b in zip(gen, gen[1:])] or [0]), 3),
+        after_last_call_s=round(done[-1] - gen[-1][0], 2),
         samples_s=round(len(files) / window, 1), tokens_s=round(tokens / window), bytes_s=round(nbytes / window),
         ratio_to_disk=round(nbytes / window / report["disk_bytes_s"], 3),
     )
@@ -651,8 +674,10 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         report["generate"] = {"calls": int(run.group(1)), "tokens": int(run.group(2)), "seconds": float(run.group(3)),
                               "tokens_s": int(run.group(4))}
         if run.group(5) is not None:
-            report["held_results_waited_s"] = float(run.group(5))
-            report["held_results_peak_gib"] = float(run.group(6))
+            report["generate"]["between_calls_s"] = float(run.group(5))
+        if run.group(6) is not None:
+            report["held_results_waited_s"] = float(run.group(6))
+            report["held_results_peak_gib"] = float(run.group(7))
     if prefill_json and not Path(prefill_json).exists():
         report["prefill_json_missing"] = prefill_json  # run bench first: the run is kept, without the ratios
         prefill_json = None
