@@ -313,15 +313,10 @@ def _open_rows(rows, extension=None) -> list:
         return list(rows)
     import torch
 
-    from .transport import _dtype
+    from .transport import typed_view
 
     buf = torch.from_file(rows.path, shared=False, size=rows.size, dtype=torch.uint8)
-    out = []
-    for dtype, shape, off in rows.layout:
-        dt = _dtype(dtype)
-        n = math.prod(shape) * torch.empty((), dtype=dt).element_size()
-        out.append(buf[off:off + n].view(dt).view(shape))
-    return out
+    return [typed_view(buf, off, dtype, shape) for dtype, shape, off in rows.layout]
 
 
 def inject_driver_fault(fault: str, results: list, checked: list[int]) -> list[int]:
@@ -479,9 +474,10 @@ class WorkerCheck:
 
 def _differences(model, norm, cand, ref, chunk) -> dict | None:
     """The worst position of ``cand`` (rows before the final norm) against ``ref`` (vLLM's final
-    hidden states): both through the model's own ``compute_logits`` (one call per chunk); the relative difference of
-    the centred logits (= of the centred log-probs), and the log-probs' largest difference. One
-    synchronisation at the end; ``None`` on a rank the logits are not gathered to."""
+    hidden states): both through the model's own ``compute_logits``, in one call per chunk; the
+    relative difference of the centred logits (= of the centred log-probs), and the log-probs'
+    largest difference. One synchronisation at the end; ``None`` on a rank the logits are not
+    gathered to."""
     import torch
 
     n = min(int(cand.shape[0]), int(ref.shape[0]))

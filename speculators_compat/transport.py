@@ -44,6 +44,16 @@ def _dtype(name: str):
     return dtype
 
 
+def typed_view(buf, offset: int, dtype, shape):
+    """The bytes of ``buf`` (a uint8 tensor) at ``offset`` as a tensor of ``dtype`` (a torch dtype
+    or its name) and ``shape``, no copy."""
+    import math
+
+    dt = _dtype(dtype) if isinstance(dtype, str) else dtype
+    nbytes = math.prod(shape) * _itemsize(dt)
+    return buf[offset:offset + nbytes].view(dt).view(*shape)
+
+
 def open_states(path: str, nbytes: int, layout: list) -> list:
     """Map ``path`` (written by :func:`write_states`), unlink it, return the tensors it holds.
 
@@ -670,12 +680,8 @@ class WorkerState:
         view = self.views.get(key)
         if view is None:
             plan = self.plan
-            buf = self.segments[plan.segment][0]
-            n = plan.lengths[seq]
-            dtype = _dtype(plan.dtype)
-            off = plan.offsets[layer][seq]
-            nbytes = n * plan.hidden * _itemsize(dtype)
-            view = self.views[key] = buf[off:off + nbytes].view(dtype).view(n, plan.hidden)
+            view = self.views[key] = typed_view(self.segments[plan.segment][0], plan.offsets[layer][seq], plan.dtype,
+                                                (plan.lengths[seq], plan.hidden))
         return view
 
     def store(self, states: list) -> None:
@@ -766,13 +772,9 @@ def worker_rows(extension, segment: int, offset: int, dtype: str, shape: list):
 
     state = extension.__dict__.get(WORKER_STATE)
     entry = state.segments.get(segment) if state is not None else None
-    if entry is None:
+    if entry is None or offset < 0 or offset + math.prod(shape) * _itemsize(_dtype(dtype)) > entry[0].numel():
         return None
-    dt = _dtype(dtype)
-    nbytes = math.prod(shape) * _itemsize(dt)
-    if offset < 0 or offset + nbytes > entry[0].numel():
-        return None
-    return entry[0][offset:offset + nbytes].view(dt).view(shape)
+    return typed_view(entry[0], offset, dtype, shape)
 
 
 def _map(path: str, size: int) -> tuple:

@@ -11,8 +11,8 @@ armed with their stock request ids before the stock code runs; the workers'
 ``self-check-reference`` records vLLM's own final hidden states of those requests. After the
 call, the rows the caller got for the last decoder layer reach the workers: on one worker, where
 they lie in ``results-in-place`` blocks, by reference (the worker reads the very bytes the caller
-holds); else through one shared-memory file. Each worker puts them through the model's own final norm and
-``compute_logits`` (vocabulary-parallel, gathered over vLLM's TP group) and compares the
+holds); else through one shared-memory file. Each worker puts them through the model's own final
+norm and ``compute_logits`` (vocabulary-parallel, gathered over vLLM's TP group) and compares the
 next-token log-probs with those of vLLM's own states, position by position
 (:mod:`speculators_compat.selfcheck`: the measure, and what comes back -- a few numbers per
 sequence). Where the caller's layers lack the last one, the workers capture it for the checked
