@@ -15,6 +15,8 @@
 ``SPECULATORS_COMPAT_UNVALIDATED``  ``self-check``: run on a vLLM release no validation run covers,
                                 with the self-check on every sequence of the first calls and on the
                                 sampled ones after (it stops the run at the first mismatch).
+``SPECULATORS_COMPAT_RUNNER``   set by ``speculators-compat run`` to its process id (not an option):
+                                the vLLM workers it starts leave Ctrl-C to it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ RECORD = "SPECULATORS_COMPAT_RECORD"
 SELF_CHECK = "SPECULATORS_COMPAT_SELF_CHECK"
 SELF_CHECK_TOLERANCE = "SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE"
 UNVALIDATED = "SPECULATORS_COMPAT_UNVALIDATED"
+RUNNER = "SPECULATORS_COMPAT_RUNNER"
 #: the one value ``SPECULATORS_COMPAT_UNVALIDATED`` takes
 UNVALIDATED_SELF_CHECK = "self-check"
 

@@ -10,6 +10,12 @@ The first worker of an executor to die is recorded here too (:func:`watch_worker
 ``worker-death`` patch when the executor starts), so that ``worker-death``'s error and
 ``report``'s shutdown line can name it (:func:`dead_workers`).
 
+The vLLM workers a ``speculators-compat run`` driver starts leave Ctrl-C to it
+(:func:`leave_ctrl_c_to_the_runner`, from the ``vllm.general_plugins`` entry point): a terminal
+sends SIGINT to the whole foreground process group, and a worker that stops on it inside vLLM's
+message queue prints "BufferError: cannot close exported pointers exist" at exit, while the
+runner's shutdown of the executor stops it cleanly.
+
 A generator still alive when the interpreter exits (a module-level one in a script or a
 notebook) is shut down by an ``atexit`` handler, while imports and logging still work. Left to
 its ``__del__`` during the interpreter's teardown, the shutdown either failed (``ImportError:
@@ -26,7 +32,8 @@ import weakref
 
 from . import leftovers
 
-__all__ = ["track", "live", "shutdown_all", "watch_workers", "dead_workers", "real_executor"]
+__all__ = ["track", "live", "shutdown_all", "watch_workers", "dead_workers", "real_executor",
+           "leave_ctrl_c_to_the_runner"]
 
 _live: "weakref.WeakSet" = weakref.WeakSet()
 _lock = threading.Lock()
@@ -49,6 +56,21 @@ def _shutdown_at_exit() -> None:
         return
     for generator in live():
         shutdown(generator)
+
+
+def leave_ctrl_c_to_the_runner() -> bool:
+    """In a process the runner's own process started (a vLLM worker of its generator), ignore
+    SIGINT: the runner stops the workers itself. Returns whether it did (never in the runner,
+    outside a run, or off the main thread)."""
+    import signal
+
+    from . import _env
+
+    runner = os.environ.get(_env.RUNNER)
+    if not runner or str(os.getppid()) != runner or threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return True
 
 
 def live() -> list:

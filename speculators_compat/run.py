@@ -24,8 +24,9 @@ Three more things happen around the script:
   to ``speculators_compat_manifest.json`` in the folder (:mod:`speculators_compat.manifest`).
   ``SPECULATORS_COMPAT_DISABLE=resume`` (or ``all``) leaves the folder alone.
 * Ctrl-C (SIGINT) and SIGTERM stop the run cleanly: the script unwinds (the stock script
-  finishes its pending saves), the vLLM workers of every live generator are shut down, one
-  line says so, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+  finishes its pending saves), the vLLM workers of every live generator are shut down (they
+  leave a terminal's Ctrl-C to the runner), one line says so, and the exit code is 130 (SIGINT)
+  or 143 (SIGTERM).
 * that script can be run as one shard of several (``--shard I/N``, or the ``RANK`` /
   ``SLURM_PROCID`` a launcher gives it, see :mod:`speculators_compat.shards`): it extracts its
   block of the dataset into the shared output folder (:mod:`speculators_compat.sharded`);
@@ -289,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import speculators_compat
 
+    from . import _env
+
     speculators_compat.apply()
     _arm_children()
+    os.environ[_env.RUNNER] = str(os.getpid())  # the workers of this process leave Ctrl-C to it
 
     def on_sigterm(signum, frame):
         raise Terminated()

@@ -450,3 +450,35 @@ def test_the_output_guard_compares_ids_as_given_and_names_a_reordered_sequence()
         swapped = results()[::-1]
         with pytest.raises(CaptureContractError, match="sequence 0: input_ids do not match"):
             guard_output._generate(lambda *a: swapped, generator, (given,), {})
+
+
+def _disposition_after_leaving(runner: str, queue) -> None:
+    import signal
+
+    os.environ["SPECULATORS_COMPAT_RUNNER"] = runner
+    left = lifecycle.leave_ctrl_c_to_the_runner()
+    queue.put((left, signal.getsignal(signal.SIGINT) == signal.SIG_IGN))
+
+
+@pytest.mark.parametrize("parent_is_runner", [True, False])
+def test_a_worker_of_the_runner_leaves_ctrl_c_to_it(parent_is_runner):
+    """A process the runner started (a vLLM worker) ignores SIGINT; any other keeps its handler,
+    and so does the runner itself."""
+    import multiprocessing
+    import signal
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    runner = str(os.getpid()) if parent_is_runner else str(os.getpid() + 100000)
+    proc = ctx.Process(target=_disposition_after_leaving, args=(runner, queue))
+    proc.start()
+    got = queue.get(timeout=60)
+    proc.join(timeout=30)
+    assert got == (parent_is_runner, parent_is_runner)
+    before = signal.getsignal(signal.SIGINT)
+    os.environ["SPECULATORS_COMPAT_RUNNER"] = str(os.getpid())
+    try:
+        assert lifecycle.leave_ctrl_c_to_the_runner() is False  # the runner's own process
+    finally:
+        del os.environ["SPECULATORS_COMPAT_RUNNER"]
+    assert signal.getsignal(signal.SIGINT) is before
