@@ -658,14 +658,14 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
     window = done[-1] - first_call
     per_call = [g[3] for g in gen]
     tokens = sum(len(r) for r in rows[:len(files)])
+    gaps = [b[0] - b[3] - a[0] for a, b in zip(gen, gen[1:])]  # from a call's end to the next one's start
     report.update(
         generate_calls=len(gen), call_s_median=round(statistics.median(per_call), 3), call_s_max=round(max(per_call), 3),
         call_s=[round(x, 3) for x in per_call],
         startup_s=round(first_call - t_start, 1), pipeline_s=round(window, 2), teardown_s=round(end - done[-1], 1),
         # the script's own time between calls (a call's line arrives at its end), and the saves
         # still running after the last call
-        between_calls_s=round(sum(b[0] - b[3] - a[0] for a, b in zip(gen, gen[1:])), 2),
-        between_calls_median_s=round(statistics.median([b[0] - b[3] - a[0] for a, b in zip(gen, gen[1:])] or [0]), 3),
+        between_calls_s=round(sum(gaps), 2), between_calls_median_s=round(statistics.median(gaps or [0]), 3),
         after_last_call_s=round(done[-1] - gen[-1][0], 2),
         samples_s=round(len(files) / window, 1), tokens_s=round(tokens / window), bytes_s=round(nbytes / window),
         ratio_to_disk=round(nbytes / window / report["disk_bytes_s"], 3),
