@@ -15,7 +15,7 @@ The measure, per position: the relative difference of the two log-prob vectors (
 on its mean, so equal to the relative difference of the logits): ``|d - mean(d)| / |r -
 mean(r)|`` with ``d`` the difference and ``r`` the reference. It does not depend on the
 logits' scale (a random tiny model and a trained 1T one alike). The largest absolute
-difference of a log-prob (nats) is reported beside it. The driver gets a few numbers per
+difference of a log-prob (nats) at the worst position is reported beside it. The driver gets a few numbers per
 checked sequence, never a vocabulary-sized tensor.
 
 Driver side (the ``self-check`` patch): which sequences a call checks, the rows handed to the
@@ -49,8 +49,8 @@ DEFAULT_SEQUENCES = 1
 DEFAULT_TOLERANCE = 0.03
 #: with ``SPECULATORS_COMPAT_UNVALIDATED=self-check``: the first calls check every sequence
 FULL_CALLS = 8
-#: positions per chunk of the comparison: chunk x vocabulary fp32 values stay under this
-CHUNK_VALUES = 1 << 24
+#: positions per chunk of the comparison: chunk x vocabulary logits stay under this
+CHUNK_VALUES = 1 << 25
 #: test-only: a fault injected into the rows so that the tests see the check catch it; set by
 #: the tests only, never an option (swap, shift, drop: driver; norm, residual: worker; ``fault@N``:
 #: from the generator's call N on)
@@ -476,8 +476,9 @@ def _differences(model, norm, cand, ref, chunk) -> dict | None:
     """The worst position of ``cand`` (rows before the final norm) against ``ref`` (vLLM's final
     hidden states): both through the model's own ``compute_logits``, in one call per chunk; the
     relative difference of the centred logits (= of the centred log-probs), and the log-probs'
-    largest difference. One synchronisation at the end; ``None`` on a rank the logits are not
-    gathered to."""
+    largest difference at that position. Two reading passes over a chunk's logits, in their own
+    dtype (the reductions accumulate in fp32); the worst row of each chunk in fp32. One
+    synchronisation at the end; ``None`` on a rank the logits are not gathered to."""
     import torch
 
     n = min(int(cand.shape[0]), int(ref.shape[0]))
@@ -487,23 +488,26 @@ def _differences(model, norm, cand, ref, chunk) -> dict | None:
         z = model.compute_logits(torch.cat([norm(cand[a:b]), ref[a:b]]))  # both in one pass
         if z is None:
             continue
-        z = z.float()
         zc, zr = z[:b - a], z[b - a:]
-        d = zc - zr  # log_softmax shifts each row by a constant, which the centring removes
-        spread = (zr - zr.mean(-1, keepdim=True)).norm(dim=-1).clamp_min(1e-30)
-        rel = torch.nan_to_num((d - d.mean(-1, keepdim=True)).norm(dim=-1) / spread, nan=math.inf)
+        # |d - mean(d)| / |r - mean(r)| = sqrt(var(d) / var(r)), d the difference, r the reference
+        # (log_softmax shifts each row by a constant, which the centring removes)
+        var_d = torch.var_mean(zc - zr, dim=-1, correction=0)[0].float()
+        var_r = torch.var_mean(zr, dim=-1, correction=0)[0].float().clamp_min(1e-30)
+        rel = torch.nan_to_num((var_d / var_r).sqrt(), nan=math.inf)
         top = rel.max(dim=0)
         rel_max.append(top.values)
         rel_arg.append(top.indices + a)
-        shift = torch.logsumexp(zc, -1) - torch.logsumexp(zr, -1)  # the log-probs' own difference (nats)
-        nats.append(torch.nan_to_num((d - shift[:, None]).abs(), nan=math.inf).amax())
+        row = top.indices.view(1)
+        lc, lr = zc.index_select(0, row).float(), zr.index_select(0, row).float()  # the chunk's worst row
+        lc, lr = lc - torch.logsumexp(lc, -1, keepdim=True), lr - torch.logsumexp(lr, -1, keepdim=True)
+        nats.append(torch.nan_to_num((lc - lr).abs(), nan=math.inf).amax())
     if not n:
         return {"worst": 0.0, "position": None, "nats": 0.0}
     if not rel_max:
         return None
     rel_max, rel_arg, nats = torch.stack(rel_max), torch.stack(rel_arg), torch.stack(nats)
     k = int(rel_max.argmax())
-    return {"worst": float(rel_max[k]), "position": int(rel_arg[k]), "nats": float(nats.max())}
+    return {"worst": float(rel_max[k]), "position": int(rel_arg[k]), "nats": float(nats[k])}
 
 
 # -- worker entry points (sent by the driver through collective_rpc) --------------------------

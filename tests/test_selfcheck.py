@@ -174,6 +174,30 @@ def test_worker_compares_the_callers_rows_with_vllms_own_and_catches_faults():
     assert "position 4" in selfcheck.verdict(run([dropped, good[1]]), 0.03)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_measure_is_the_definition_in_fp32_chunk_by_chunk(dtype):
+    """``|d - mean(d)| / |r - mean(r)|`` per position, its worst position over every chunk, and
+    the largest log-prob difference there, as computed in fp32 from the same logits."""
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(5)
+    head = torch.randn(300, 16, generator=g).to(dt)
+    model = types.SimpleNamespace(compute_logits=lambda h: h @ head.T)
+    ref = torch.randn(23, 16, generator=g).to(dt)
+    cand = ref + 0.01 * torch.randn(23, 16, generator=g).to(dt)
+    cand[17] = ref[3]  # one row of another position: the worst
+    got = selfcheck._differences(model, lambda x: x, cand, ref, chunk=5)
+    zc, zr = (cand @ head.T).float(), (ref @ head.T).float()
+    d = zc - zr
+    rel = (d - d.mean(-1, keepdim=True)).norm(dim=-1) / (zr - zr.mean(-1, keepdim=True)).norm(dim=-1)
+    assert got["position"] == 17 == int(rel.argmax())
+    assert got["worst"] == pytest.approx(float(rel.max()), rel=1e-2 if dtype == "bfloat16" else 1e-5)
+    nats = (torch.log_softmax(zc[17], -1) - torch.log_softmax(zr[17], -1)).abs().max()
+    assert got["nats"] == pytest.approx(float(nats), rel=1e-5)
+    assert selfcheck._differences(model, lambda x: x, ref, ref, chunk=5)["worst"] < 1e-5
+    assert selfcheck._differences(model, lambda x: x, ref[:0], ref[:0], chunk=5)["position"] is None
+
+
 def test_worker_capture_of_the_last_layer_follows_the_stock_layout():
     torch = pytest.importorskip("torch")
     m = Stand(torch)
