@@ -188,12 +188,15 @@ def remove_stale() -> list[str]:
 # The driver owns a pool of shared-memory segments. Before a call it lays the call's result
 # tensors out in one segment -- one block per (sequence, layer), ``rows x hidden`` -- and sends
 # the layout (a :class:`Plan`) to the workers. The capturing worker maps the segment once (on a
-# CUDA device it registers it with ``cudaHostRegister``, so the copies from the device are
-# asynchronous DMA straight into it) and copies each step's rows into their blocks. The driver
-# hands every block out as its own tensor (its storage is exactly the block's bytes: ``torch.save``
-# writes that sample, not the segment). When every block of a segment has been freed by the
-# caller, the segment is reused: steady state has no page faults and no registration cost.
-# Segment files are unlinked as soon as the worker has mapped them: nothing stays in /dev/shm.
+# CUDA device it registers it with ``cudaHostRegister`` at the first step that copies into it,
+# while the device runs that step's forward, so the copies from the device are asynchronous DMA
+# straight into it) and copies each step's rows into their blocks. The driver hands every block
+# out as its own tensor (its storage is exactly the block's bytes: ``torch.save`` writes that
+# sample, not the segment). When every block of a segment has been freed by the caller, the
+# segment is reused: steady state has no page faults and no registration cost. On CUDA the next
+# call's segment is made ahead of need, in a thread, while the device works (``Pool(spares=True)``).
+# Segment files are unlinked as soon as the worker has mapped them (a spare no call took, at
+# exit; a killed run's, by the next run): nothing stays in /dev/shm.
 
 import bisect
 import mmap
@@ -253,7 +256,7 @@ def layout(lengths: list[int], layers: int, hidden: int, itemsize: int) -> tuple
 
 
 class _Segment:
-    __slots__ = ("id", "path", "size", "mm", "base", "live", "busy", "known", "__weakref__")
+    __slots__ = ("id", "path", "size", "mm", "base", "live", "busy", "known", "spare", "__weakref__")
 
     def __init__(self, id, path, size, mm):
         import numpy as np
@@ -263,6 +266,7 @@ class _Segment:
         self.live = 0  # blocks handed out and not yet freed
         self.busy = False  # a call is writing into it
         self.known = False  # the workers have mapped it (and the file is unlinked)
+        self.spare = False  # made ahead of need, no call took it yet
 
 
 #: per process: stale files of killed runs were looked for
@@ -279,10 +283,24 @@ def pool_of(generator) -> "Pool | None":
 
 
 class Pool:
-    """The driver's shared-memory segments (one pool per generator)."""
+    """The driver's shared-memory segments (one pool per generator).
 
-    def __init__(self) -> None:
+    ``spares``: when a call takes the last free segment and the held-results limit leaves room
+    for another call, a thread makes the next call's segment ahead of time (reserved and mapped
+    while the device works), so that no call waits for a new segment's pages. For workers that
+    copy asynchronously (CUDA); on the CPU the pages would compete with the model for cores."""
+
+    def __init__(self, spares: bool = False) -> None:
         self._segments: dict[int, _Segment] = {}
+        self._spares = spares
+        self._making: threading.Thread | None = None  # the thread making a spare segment
+        self._closed = False
+        #: segment files not yet unlinked (a spare no call took yet): removed at exit
+        self._files: set[str] = set()
+        weakref.finalize(self, _unlink_files, self._files, os.getpid())
+        #: segments made ahead of need, and how many of them a call took
+        self.spares_made = 0
+        self.spares_taken = 0
         self._retired: list[int] = []
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
@@ -343,16 +361,57 @@ class Pool:
                         break
                     self._cond.wait(timeout=min(1.0, STALL_S - idle))
                 self.waited_s += time.monotonic() - start
-            fits = [s for s in self._segments.values() if not (s.live or s.busy) and s.size >= nbytes]
-            seg = min(fits, key=lambda s: s.size) if fits else None
+            seg = self._free_fit(nbytes)
+            if seg is None and self._making is not None:
+                while self._making is not None:  # a spare is on its way: sooner than a new one
+                    self._cond.wait()
+                seg = self._free_fit(nbytes)
             if seg is None:
                 seg = self._create(nbytes)
                 if seg is None:
                     return None
+            elif seg.spare:
+                seg.spare = False
+                self.spares_taken += 1
             seg.busy = True
             self._retire_idle()
             self.peak_bytes = max(self.peak_bytes, self._held())
+            self._start_spare(limit)
             return seg
+
+    def _free_fit(self, nbytes: int) -> _Segment | None:
+        fits = [s for s in self._segments.values() if not (s.live or s.busy) and s.size >= nbytes]
+        return min(fits, key=lambda s: s.size) if fits else None
+
+    def _start_spare(self, limit: int | None) -> None:
+        """(Lock held.) Make the next call's segment in a thread when none is free for it and the
+        limit would let the next call run without waiting."""
+        size = self.largest_call
+        if (not self._spares or self._closed or self._making is not None or not size
+                or self._free_fit(size) is not None or (limit and self._held() + size > limit)):
+            return
+        self._making = threading.Thread(target=self._make_spare, args=(size,), daemon=True,
+                                        name="speculators-compat-spare-segment")
+        self._making.start()
+
+    def _make_spare(self, size: int) -> None:
+        seg = None
+        try:
+            seg = self._new_segment(size, populate=True)
+        except OSError as exc:
+            log.debug("shm-transport: no spare segment (%s)", exc)
+        finally:
+            with self._cond:
+                if seg is not None and self._closed:
+                    _unlink(seg.path)
+                    self._files.discard(seg.path)
+                    seg.mm.close()
+                elif seg is not None:
+                    seg.spare = True
+                    self._segments[seg.id] = seg
+                    self.spares_made += 1
+                self._making = None
+                self._cond.notify_all()
 
     def _create(self, nbytes: int) -> _Segment | None:
         size = _align(nbytes, SEGMENT_QUANTUM)
@@ -367,31 +426,45 @@ class Pool:
         if stat.f_bavail * stat.f_frsize < size + MARGIN and any(
                 not (s.live or s.busy) for s in self._segments.values()):
             self._retire_idle(keep=0)  # idle segments give their room back
+        seg = self._new_segment(size)
+        if seg is not None:
+            self._segments[seg.id] = seg
+        return seg
+
+    def _new_segment(self, size: int, populate: bool = False) -> _Segment | None:
+        """A new segment file of ``size`` bytes, reserved and mapped (``populate``: its pages
+        mapped in now, not at the caller's first touch); ``None`` without the room."""
+        where = folder()
+        try:
             stat = os.statvfs(where)
+        except OSError:
+            return None
         if stat.f_bavail * stat.f_frsize < size + MARGIN:
             log.debug("shm-transport: %s lacks %d bytes for a segment", where, size)
             return None
         seg_id = next(self._ids)
         path = os.path.join(where, f"{PREFIX}-{os.getpid()}-{os.getpid()}-seg{seg_id}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        self._files.add(path)
         try:
             os.posix_fallocate(fd, 0, size)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+            mm = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
             log.debug("shm-transport: cannot reserve %d bytes in %s (%s)", size, where, exc)
             _unlink(path)
+            self._files.discard(path)
             return None
         finally:
             os.close(fd)
-        seg = _Segment(seg_id, path, size, mm)
-        self._segments[seg_id] = seg
-        return seg
+        return _Segment(seg_id, path, size, mm)
 
     def _retire_idle(self, keep: int = MAX_IDLE) -> None:
         idle = sorted((s for s in self._segments.values() if not (s.live or s.busy)), key=lambda s: s.size)
         for seg in idle[:max(0, len(idle) - keep)]:
             del self._segments[seg.id]
             _unlink(seg.path)
+            self._files.discard(seg.path)
             try:
                 seg.mm.close()
             except BufferError:  # a view is still exported (cannot happen once live == 0)
@@ -412,6 +485,7 @@ class Pool:
         if not seg.known:
             seg.known = True
             _unlink(seg.path)
+            self._files.discard(seg.path)
 
     def locate(self, tensor) -> tuple[int, int] | None:
         """``(segment id, byte offset)`` of a contiguous tensor lying in a segment the workers
@@ -455,9 +529,11 @@ class Pool:
     def close(self) -> None:
         """Forget every segment (their mappings go with the last block tensor)."""
         with self._cond:
+            self._closed = True
             for seg in self._segments.values():
                 _unlink(seg.path)
             self._segments.clear()
+            _unlink_files(self._files, os.getpid())
 
 
 def _itemsize(dtype) -> int:
@@ -471,6 +547,14 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _unlink_files(paths: set, pid: int) -> None:
+    """Unlink ``paths`` (segment files no worker mapped yet), in the process that made them only."""
+    if os.getpid() == pid:
+        for path in list(paths):
+            _unlink(path)
+        paths.clear()
 
 
 def held_results_limit(call_bytes: int) -> int | None:
@@ -650,7 +734,8 @@ class WorkerState:
     """The capturing worker's mapped segments, the active plan and the copies in flight."""
 
     def __init__(self) -> None:
-        self.segments: dict[int, tuple] = {}  # id -> (uint8 tensor over the mapping, registered)
+        # id -> [uint8 tensor over the mapping, registered with CUDA (None: not tried yet)]
+        self.segments: dict[int, list] = {}
         self.plan: Plan | None = None
         self.cursor = 0
         self.sums: list = []  # per step: a [layers] float32 tensor of row sums (inf/nan propagate)
@@ -670,7 +755,7 @@ class WorkerState:
 
     def forget(self, seg_id: int) -> None:
         entry = self.segments.pop(seg_id, None)
-        if entry is not None and entry[1]:
+        if entry is not None and entry[1]:  # registered
             import torch
 
             torch.cuda.cudart().cudaHostUnregister(entry[0].data_ptr())
@@ -720,6 +805,10 @@ class WorkerState:
             at += max(take, 0)
             seq += 1
         if cuda:
+            entry = self.segments[plan.segment]
+            if entry[1] is None:
+                # registered at the first step that copies into it, while the device runs its forward
+                entry[1] = _register(entry[0])
             stream = self.stream
             if stream is None or stream.device != device:
                 stream = self.stream = torch.cuda.Stream(device=device)
@@ -777,20 +866,26 @@ def worker_rows(extension, segment: int, offset: int, dtype: str, shape: list):
     return typed_view(entry[0], offset, dtype, shape)
 
 
-def _map(path: str, size: int) -> tuple:
-    """Map a driver's segment (shared) and, on a CUDA device, register it for async copies."""
+def _map(path: str, size: int) -> list:
+    """Map a driver's segment (shared); ``[buffer, registered]``, registered with CUDA later (at
+    the first step that copies into it, see :func:`_register`)."""
     import torch
 
-    buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-    registered = False
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        # 0 = cudaHostRegisterDefault: pinned, so copies from the device are asynchronous DMA
-        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), size, 0)
-        registered = int(getattr(err, "value", err)) == 0
-        if not registered:
-            log.warning("shm-transport: cudaHostRegister of %d bytes failed (%s): copies from the "
-                        "device are synchronous", size, err)
-    return buf, registered
+    return [torch.from_file(path, shared=True, size=size, dtype=torch.uint8), None]
+
+
+def _register(buf) -> bool:
+    """Register a mapped segment with CUDA (pinned: copies from the device into it are
+    asynchronous DMA). Returns whether it is registered (a failure leaves the copies synchronous)."""
+    import torch
+
+    # 0 = cudaHostRegisterDefault
+    err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 0)
+    if int(getattr(err, "value", err)) == 0:
+        return True
+    log.warning("shm-transport: cudaHostRegister of %d bytes failed (%s): copies from the "
+                "device are synchronous", buf.numel(), err)
+    return False
 
 
 def accept_plan(worker, plan: Plan | None):

@@ -128,7 +128,7 @@ def stock_results(aux_hidden_states, lengths):
 
 
 def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, seed=0, corrupt=None, use=None,
-             worker=None):
+             worker=None, limit=None):
     """One call through the mechanism: plan, the worker's copies of ``steps`` (rows per step,
     cutting sequences anywhere), the pickled reply, the stock slicing (or ``use(reply, lengths)``).
     Returns (results, want, call)."""
@@ -138,7 +138,7 @@ def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, 
     if corrupt is not None:
         full[corrupt][total // 2, 1] = float("nan")
     _, nbytes = transport.layout(lengths, n_layers, hidden, full[0].element_size())
-    seg = pool.acquire(nbytes, None)
+    seg = pool.acquire(nbytes, limit)
     plan = pool.plan(seg, lengths, n_layers, hidden, str(dtype).replace("torch.", ""), full[0].element_size())
     worker = worker or transport.WorkerState()
     worker.accept(plan)
@@ -233,6 +233,56 @@ def test_a_segment_is_reused_once_the_caller_freed_its_results(shm):
     again, _, _ = run_call(pool, [8, 8], steps=[16])
     assert set(pool._segments) == both  # the freed segment was reused, none created
     del held, again
+
+
+def test_the_next_calls_segment_is_made_ahead_of_need_and_taken(shm, monkeypatch):
+    """On an accelerator the pool makes the next call's segment in a thread while a call runs;
+    a call that needs a segment while one is being made waits for it instead of making another."""
+    import time
+
+    made = []
+    new_segment = transport.Pool._new_segment
+
+    def slow(self, size, populate=False):
+        if populate:
+            time.sleep(0.3)
+        made.append(populate)
+        return new_segment(self, size, populate)
+
+    monkeypatch.setattr(transport.Pool, "_new_segment", slow)
+    limit = 2 * transport.SEGMENT_QUANTUM
+    pool = transport.Pool(spares=True)
+    first, _, _ = run_call(pool, [8, 8], steps=[16], limit=limit)  # its acquire starts the spare
+    assert pool._making is not None
+    second, _, _ = run_call(pool, [8, 8], steps=[16], limit=limit)  # the first's results held: takes the spare
+    assert made == [False, True] and pool.spares_made == pool.spares_taken == 1
+    assert pool._making is None  # two calls' results held: at the limit, no third segment ahead
+    assert os.listdir(shm) == []
+    del first
+    import gc
+
+    gc.collect()
+    third, _, _ = run_call(pool, [8, 8], steps=[16], limit=limit)  # reuses the freed segment
+    assert made == [False, True] and len(pool._segments) == 2
+    assert transport.Pool()._spares is False  # on the CPU: no segments ahead of need
+    del second, third
+
+
+def test_a_segment_no_worker_mapped_is_removed_at_close_and_at_exit(shm):
+    pool = transport.Pool(spares=True)
+    seg = pool.acquire(transport.SEGMENT_QUANTUM // 2, None)
+    pool._making.join()
+    assert len(os.listdir(shm)) == 2  # the call's (the workers did not map it) and the spare
+    pool.release(seg)
+    pool.close()
+    assert os.listdir(shm) == []
+    code = ("from speculators_compat import transport\n"
+            "pool = transport.Pool(spares=True)\n"
+            "pool.acquire(transport.SEGMENT_QUANTUM // 2, None)\n"
+            "pool._making.join()\n"
+            "import os; assert len(os.listdir(transport.folder())) == 2\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "SPECULATORS_COMPAT_SHM_DIR": str(shm)})
+    assert os.listdir(shm) == []
 
 
 def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):

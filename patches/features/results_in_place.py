@@ -113,7 +113,9 @@ def _generate(wrapped, instance, args, kwargs):
     _, nbytes = transport.layout(lengths, layers, hidden, itemsize)
     pool = transport.pool_of(instance)
     if pool is None:
-        pool = instance.__dict__[transport.POOL_ATTR] = transport.Pool()
+        # on an accelerator, the next call's segment is made while the device works
+        device = getattr(getattr(instance.vllm_config, "device_config", None), "device_type", "cpu")
+        pool = instance.__dict__[transport.POOL_ATTR] = transport.Pool(spares=device != "cpu")
     seg = pool.acquire(nbytes, transport.held_results_limit(max(nbytes, pool.largest_call)))
     if seg is None:
         executor.collective_rpc(transport.accept_plan, args=(None,))
