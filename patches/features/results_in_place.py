@@ -15,7 +15,10 @@ registered with ``cudaHostRegister`` once). The worker's reply names the call; t
 (its storage is exactly its bytes, so ``torch.save`` writes only that sample), with no copy.
 The worker sums each step's rows on the device; the output guard scans on the host only a
 layer whose sums are not finite. Segments are reused once the caller has freed every tensor of
-a call, and the segment files are unlinked as soon as the worker has mapped them.
+a call, and the segment files are unlinked as soon as the worker has mapped them. On an
+accelerator the next call's segment is made in a thread while the device works, whenever a call
+takes the last free one and the held-results limit leaves room (a call that needs a new segment
+does not wait for its pages: about 0.3 s for 0.5 GiB on an H200 host).
 
 Held results: when the caller holds more than ``SPECULATORS_COMPAT_HELD_RESULTS`` calls' worth
 of results (default 4; e.g. the stock script's saves fall behind the extraction), ``generate()``

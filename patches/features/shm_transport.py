@@ -10,7 +10,8 @@ call (0.34 GB/s), while the model's forward took 0.28 s.
 How, with ``results-in-place`` (the driver sends each call's layout): ``_store_captured_states``
 is wrapped to copy each step's rows straight into their blocks of the driver's shared-memory
 segment (on CUDA: asynchronous copies on a side stream into the segment, registered with
-``cudaHostRegister`` once per segment) and to sum each layer's rows on the device; the reply of
+``cudaHostRegister`` once per segment, at the first step that copies into it, while the device
+runs that step's forward) and to sum each layer's rows on the device; the reply of
 ``_get_captured_states`` is a few numbers (rows copied, which layers' sums were finite).
 
 Without a layout: ``HiddenStatesWorkerExtension._get_captured_states`` is wrapped. Where the
