@@ -1,7 +1,7 @@
 """Extraction speed on a GPU: the stock generator through the shim against vLLM's own prefill.
 
     python benchmarks/gpu_extract.py build ROOT                 # the random bf16 Llamas (no vLLM needed)
-    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before]
+    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before] [--worker-profile]
     python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR] [--prefill-json BENCH_FILE]
     python benchmarks/gpu_extract.py selfcheck MODEL --out FILE [--tp N] [--prompts 32] [--len 1024]
 
@@ -26,7 +26,10 @@ waiting for its copies), the capturing worker's peak device memory and peak resi
 driver's peak resident memory, and which of the performance patches applied
 in the driver and the worker (``missing_features``: any that did not -- then the figures are not
 the library's), and where the driver's own time went in one more extraction call (``driver_profile``:
-cProfile of its thread, the top functions by their own time).
+cProfile of its thread, the top functions by their own time). ``--worker-profile``: the same in
+every worker, over one call with the self-check and one without (``worker_profile``: each worker's
+top functions by own time, and this library's by cumulative time; the profiler slows the steps, so
+it says where the time goes, not how much there is).
 
 ``stock``: the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads, their
 futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches, saving to
@@ -260,7 +263,8 @@ def _sched(vllm_config) -> dict | None:
 
 
 def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str = "auto",
-          async_too: bool = False, before_too: bool = False, sched_ab: bool = False) -> dict:
+          async_too: bool = False, before_too: bool = False, sched_ab: bool = False,
+          worker_profile: bool = False) -> dict:
     import torch
 
     cfg = json.loads((Path(model) / "config.json").read_text())
@@ -424,6 +428,12 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
         modes["extract"](), modes["extract_async"]()
         check_async()
     report["driver_profile"] = _profile(lambda: extract_checked())  # where the driver's own time goes
+    if worker_profile:  # where the capturing worker's Python time goes, the self-check on and off
+        report["worker_profile"] = {}
+        for mode, fn in (("extract", extract_checked), ("extract_nocheck", extract_nocheck)):
+            gen.executor.collective_rpc(w_cprofile, args=(True,))
+            fn()
+            report["worker_profile"][mode] = gen.executor.collective_rpc(w_cprofile, args=(False,))[0]
     report["nohooks_error"] = sent.get("nohooks_error")
     med = {m: statistics.median(c["tokens_s"] for c in calls) for m, calls in report["calls"].items()}
     report["median_tokens_s"] = med
@@ -466,14 +476,43 @@ def _profile(fn, top: int = 25) -> list:
     """One call of ``fn`` under cProfile (the driver's thread): the functions that took the most
     time of their own, as ``[function, calls, own ms, cumulative ms]``."""
     import cProfile
-    import pstats
 
     prof = cProfile.Profile()
     prof.runcall(fn)
+    return _top(prof, top)["own"]
+
+
+def _top(prof, top: int) -> dict:
+    """A cProfile's functions as ``[function, calls, own ms, cumulative ms]``: ``own``, the ``top``
+    that took the most time of their own; ``library``, this library's by cumulative time."""
+    import pstats
+
     stats = pstats.Stats(prof).stats  # {(file, line, name): (primitive calls, calls, own, cumulative, callers)}
-    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return [[f"{Path(f).name}:{line}({name})", calls, round(own * 1e3, 2), round(cum * 1e3, 2)]
-            for (f, line, name), (_, calls, own, cum, _) in rows]
+
+    def rows(items):
+        return [[f"{Path(f).name}:{line}({name})", calls, round(own * 1e3, 2), round(cum * 1e3, 2)]
+                for (f, line, name), (_, calls, own, cum, _) in items]
+
+    ours = [kv for kv in stats.items() if "speculators_compat" in kv[0][0]]
+    return {"own": rows(sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]),
+            "library": rows(sorted(ours, key=lambda kv: -kv[1][3])[:top])}
+
+
+def w_cprofile(worker, start: bool, top: int = 30):
+    """In every worker: cProfile of the thread that runs the RPCs and the steps, on (``start``),
+    or off and its functions (:func:`_top`)."""
+    import cProfile
+
+    ext = getattr(worker, "worker", None) or worker
+    if start:
+        prof = ext.__dict__["_gpu_extract_cprofile"] = cProfile.Profile()
+        prof.enable()
+        return True
+    prof = ext.__dict__.pop("_gpu_extract_cprofile", None)
+    if prof is None:
+        return None
+    prof.disable()
+    return _top(prof, top)
 
 
 def _blocking_execute(self, scheduler_output, *a, **k):
@@ -800,6 +839,8 @@ def main(argv=None):
     p.add_argument("--sched-ab", action="store_true",
                    help="also vLLM's prefill with the generator's scheduler settings (prefill_gen_sched)")
     p.add_argument("--dtype", default="auto", help="float32 for a CPU dry run (vLLM's CPU attention lacks bf16 on some CPUs)")
+    p.add_argument("--worker-profile", action="store_true",
+                   help="also cProfile the workers' step thread over one call with the self-check and one without")
     s = sub.add_parser("stock")
     s.add_argument("model")
     s.add_argument("--out", required=True)
@@ -830,7 +871,7 @@ def main(argv=None):
         _ORIG.update(execute_model=pipelined_steps.PipelinedExecutor.execute_model,
                      sample_tokens=pipelined_steps.PipelinedExecutor.sample_tokens)
         bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype, args.async_too,
-              args.before_too, args.sched_ab)
+              args.before_too, args.sched_ab, args.worker_profile)
     else:
         stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util,
               args.prefill_json, args.save_gib)
