@@ -15,6 +15,7 @@ the driver hands out (below). Nothing here imports torch or vLLM at import time.
 
 from __future__ import annotations
 
+import functools
 import gc
 import glob
 import itertools
@@ -35,6 +36,7 @@ def folder() -> str:
     return os.environ.get("SPECULATORS_COMPAT_SHM_DIR", "/dev/shm")
 
 
+@functools.lru_cache(maxsize=None)
 def _dtype(name: str):
     import torch
 
@@ -292,6 +294,7 @@ class Pool:
 
     def __init__(self, spares: bool = False) -> None:
         self._segments: dict[int, _Segment] = {}
+        self._blocks: dict = {}  # id -> (a weak reference to a block handed out, its segment's id)
         self._spares = spares
         self._making: threading.Thread | None = None  # the thread making a spare segment
         self._closed = False
@@ -513,18 +516,28 @@ class Pool:
 
         dtype = _dtype(plan.dtype)
         itemsize = _itemsize(dtype)
+        # the segment's bytes as numpy integers of the dtype's size (numpy has no bfloat16): each
+        # block is a slice of it, shaped ``rows x hidden``, and its tensor owns exactly those bytes
+        whole = np.frombuffer(seg.mm, dtype=np.dtype(f"<i{itemsize}"))
+        refs, freed = self._blocks, self._block_freed
         out = []
         with self._cond:
             seg.live += len(plan.offsets) * len(plan.lengths)
         for row in plan.offsets:
             layer = []
             for n, off in zip(plan.lengths, row):
-                nbytes = n * plan.hidden * itemsize
-                arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=off)
-                weakref.finalize(arr, self._free_block, seg.id)
-                layer.append(torch.from_numpy(arr).view(dtype).view(n, plan.hidden))
+                start = off // itemsize
+                arr = whole[start:start + n * plan.hidden].reshape(n, plan.hidden)
+                ref = weakref.ref(arr, freed)  # the segment is held until the block is freed
+                refs[id(ref)] = (ref, seg.id)
+                layer.append(torch.from_numpy(arr).view(dtype))
             out.append(layer)
         return out
+
+    def _block_freed(self, ref) -> None:
+        entry = self._blocks.pop(id(ref), None)
+        if entry is not None:
+            self._free_block(entry[1])
 
     def close(self) -> None:
         """Forget every segment (their mappings go with the last block tensor)."""
@@ -537,9 +550,7 @@ class Pool:
 
 
 def _itemsize(dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _unlink(path: str) -> None:
