@@ -170,8 +170,13 @@ def _inventory(view: StaticView) -> list[dict]:
             "releases": releases,
             "expected": {sig: rel for sig, rel in seen.items() if sig != found},
         }
+        moved = view.vllm.moved_to(module, name) if method is None else None
+        if moved:
+            entry["moved_to"] = moved
         if status == UNKNOWN:
             entry["difference"] = difference(found, seen)
+            if found == ABSENT and method is None:
+                entry["difference"] += where_now(view.vllm, module, name)
         out.append(entry)
     return out
 
@@ -192,6 +197,15 @@ def difference(found: str, seen: dict[str, list[str]]) -> str:
     if now_required:
         parts.append("parameters now required: " + ", ".join(now_required))
     return "; ".join(parts) + f" (against vLLM {rel[-1]})"
+
+
+def where_now(src: Sources, module: str, name: str) -> str:
+    """For a name gone from ``module``: where the installed package defines it now, in words."""
+    homes = [m for m in src.definitions(name, near=module) if m != module]
+    if not homes:
+        return f"; {name} is defined nowhere in the installed {src.top}: removed"
+    return (f"; moved: {name} is defined in {homes[0]}" + (f" (and {len(homes) - 1} more)" if len(homes) > 1 else "")
+            + f", and {module} no longer binds it: no patch of this release re-binds it")
 
 
 def _parse(sig: str) -> dict[str, bool] | None:

@@ -233,6 +233,9 @@ class Patch:
     static_probe: Callable[[Any], Probe] | None = None
     #: how this patch changes the stock calls into vLLM (checked to bind at preflight)
     calls: dict[str, Edit] = field(default_factory=dict)
+    #: names vLLM moved that this patch binds again where the stock code imports them:
+    #: ``"old.module.name" -> "new.module"`` (the static check reads them where they are now)
+    moves: dict[str, str] = field(default_factory=dict)
     #: a preflight check: its probe also gets the decisions taken before it
     #: (``probe(module_or_view, decisions)``)
     preflight: bool = False

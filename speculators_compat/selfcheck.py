@@ -349,8 +349,12 @@ class WorkerCheck:
     """One worker's self-check state: the armed plan, vLLM's own rows of the checked requests
     (and, where the caller does not capture the last layer, its rows in the stock layout)."""
 
-    def __init__(self, runner, model, base, last: int, internal: bool) -> None:
+    def __init__(self, runner, model, base, last: int, internal: bool, step_rows=None) -> None:
         self.runner, self.model, self.base, self.last, self.internal = runner, model, base, last, internal
+        #: ``step_rows(runner)``: the layout of the step being run where the runner does not keep
+        #: vLLM's V1 persistent batch (an object with ``rows``: request id -> (first row, rows,
+        #: position), and ``stock_order(rows)``), or ``None`` for the V1 layout
+        self.step_rows = step_rows
         self.plan: Plan | None = None
         self.refs: dict = {}  # sequence -> [tokens, hidden] (vLLM's final hidden states)
         self.filled: dict = {}  # sequence -> [tokens] bool
@@ -379,16 +383,13 @@ class WorkerCheck:
         if plan is None or self.norming:
             return
         hidden = output[0] if isinstance(output, tuple) else output
-        runner = self.runner
-        index = runner.input_batch.req_id_to_index
-        starts = runner.query_start_loc.np
+        locate = self._locator()
         for req_id, (seq, n, _) in plan.requests.items():
-            i = index.get(req_id)
-            if i is None:
+            found = locate(req_id)
+            if found is None:
                 continue
-            a, b = int(starts[i]), int(starts[i + 1])
-            pos = int(runner.requests[req_id].num_computed_tokens)
-            take = max(0, min(b - a, n - pos))
+            a, rows, pos = found
+            take = max(0, min(rows, n - pos))
             if take == 0:
                 continue
             ref = self.refs.get(seq)
@@ -399,6 +400,25 @@ class WorkerCheck:
                 self.filled[seq] = torch.zeros(n, dtype=torch.bool)
             ref[pos:pos + take] = hidden[a:a + take]
             self.filled[seq][pos:pos + take] = True
+
+    def _locator(self):
+        """``req_id -> (first row, rows, position in its sequence)`` of this step's output, found
+        where vLLM's own prompt-logprobs code finds them (``None``: not in this step)."""
+        runner = self.runner
+        step = self.step_rows(runner) if self.step_rows is not None else None
+        if step is not None:
+            return step.rows.get
+        index = runner.input_batch.req_id_to_index
+        starts = runner.query_start_loc.np
+
+        def locate(req_id):
+            i = index.get(req_id)
+            if i is None:
+                return None
+            a = int(starts[i])
+            return a, int(starts[i + 1]) - a, int(runner.requests[req_id].num_computed_tokens)
+
+        return locate
 
     def on_last_layer(self, module, inputs, output) -> None:
         """Forward hook of the last decoder layer (runs before the capture's): its rows of the
@@ -412,6 +432,9 @@ class WorkerCheck:
         if not self.internal:
             return
         rows = hidden + residual if residual is not None else hidden.clone()
+        step = self.step_rows(self.runner) if self.step_rows is not None else None
+        if step is not None:
+            rows = step.stock_order(rows)
         if plan.fault == "norm":
             rows = self.norm(rows)
         elif plan.fault == "residual":
@@ -537,8 +560,9 @@ def check(worker, rows):
     return state.compare(rows, extension)
 
 
-def install_worker(extension, base) -> str | None:
-    """Install the self-check's hooks on a worker whose capture was just set up; returns why not, or ``None``."""
+def install_worker(extension, base, step_rows=None) -> str | None:
+    """Install the self-check's hooks on a worker whose capture was just set up; returns why not, or
+    ``None``. ``step_rows``: see :class:`WorkerCheck` (a runner without V1's persistent batch)."""
     old = extension.__dict__.pop(WORKER_STATE, None)
     if old is not None:
         for handle in old.handles:
@@ -551,7 +575,7 @@ def install_worker(extension, base) -> str | None:
     end = getattr(base, "end_layer", len(base.layers))
     last = end - 1
     internal = last not in set(getattr(extension, "_layer_ids", ()))
-    state = WorkerCheck(runner, model, base, last, internal)
+    state = WorkerCheck(runner, model, base, last, internal, step_rows)
     state.handles.append(norm.register_forward_hook(state.on_output))
     state.handles.append(base.layers[last].register_forward_hook(state.on_last_layer, prepend=True))
     extension.__dict__[WORKER_STATE] = state

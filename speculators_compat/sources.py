@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 from typing import Any
 
 __all__ = ["Sources", "Unevaluated", "render"]
@@ -56,8 +57,12 @@ def _value(node: ast.AST | None) -> Any:
 class Sources:
     """The sources of one installed top-level package (``vllm``, ``speculators``)."""
 
-    def __init__(self, top: str, root: str | None = None) -> None:
+    def __init__(self, top: str, root: str | None = None, moves: dict[str, str] | None = None) -> None:
         self.top = top
+        #: ``"module.name" -> module``: names a release moved away from where the stock code
+        #: imports them and a patch binds there again (``Patch.moves``); a lookup of such a name
+        #: where it no longer is follows it to where it is now
+        self.moves: dict[str, str] = dict(moves or {})
         if root is None:
             # sys.path only: the import system's other finders (the library's own deferred hook
             # among them) have no business in reading sources
@@ -134,7 +139,7 @@ class Sources:
         return self._binding(module, name) is not None
 
     # -- names -----------------------------------------------------------------------------
-    def _binding(self, module: str, name: str, depth: int = 0) -> ast.AST | None:
+    def _binding(self, module: str, name: str, depth: int = 0, moves: bool = True) -> ast.AST | None:
         tree = self.tree(module)
         found = None
         stars = []
@@ -158,6 +163,44 @@ class Sources:
                 source = self._absolute(module, node)
                 if self._binding(source, name, depth + 1) is not None:
                     return ast.ImportFrom(module=source, names=[ast.alias(name=name)], level=0)
+        moved = self.moves.get(f"{module}.{name}") if found is None and moves else None
+        if moved is not None and moved != module and self._binding(moved, name, depth + 1) is not None:
+            return ast.ImportFrom(module=moved, names=[ast.alias(name=name)], level=0)
+        return found
+
+    def moved_to(self, module: str, name: str) -> str | None:
+        """Where a declared move (:attr:`moves`) finds ``module.name`` now, if ``module`` itself
+        does not bind it."""
+        moved = self.moves.get(f"{module}.{name}")
+        if moved is None or self._binding(module, name, moves=False) is not None:
+            return None
+        return moved if self._binding(moved, name) is not None else None
+
+    def definitions(self, name: str, near: str | None = None) -> list[str]:
+        """The modules of the package that define ``name`` (a ``def`` or ``class`` at top level),
+        those in ``near``'s package first: where a name the stock code imports went (for messages)."""
+        if self.root is None:
+            return []
+        pattern = re.compile(rf"^(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", re.M)
+        first = os.path.join(self.root, *near.split(".")[1:-1]) if near else None
+        found: list[str] = []
+        for folder, dirs, files in os.walk(self.root):
+            dirs.sort()
+            for fn in sorted(files):
+                if not fn.endswith(".py"):
+                    continue
+                path = os.path.join(folder, fn)
+                try:
+                    with open(path, encoding="utf-8", errors="replace") as fh:
+                        if not pattern.search(fh.read()):
+                            continue
+                except OSError:
+                    continue
+                rel = os.path.relpath(path, self.root)[:-3].replace(os.sep, ".")
+                rel = rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+                found.append(f"{self.top}.{rel}" if rel != "__init__" else self.top)
+        if first:
+            found.sort(key=lambda m: not os.path.join(self.root, *m.split(".")[1:]).startswith(first))
         return found
 
     def _absolute(self, module: str, node: ast.ImportFrom) -> str:
@@ -361,6 +404,8 @@ class StaticView:
         #: the vLLM release judged when it is not the installed one (``check --vllm-root``)
         self.installed = installed
         self.vllm = vllm or Sources("vllm")
+        if not self.vllm.moves:
+            self.vllm.moves = declared_moves()
         self.speculators = speculators or Sources("speculators")
         if cpu is None:
             installed = versions.vllm()
@@ -395,3 +440,13 @@ def _cut(line: str, start: int, stop: int | None) -> str:
     # the AST's column offsets count UTF-8 bytes
     data = line.encode("utf-8")
     return data[start:stop].decode("utf-8", errors="replace")
+
+
+def declared_moves() -> dict[str, str]:
+    """The moves the registered patches declare (``Patch.moves``): ``"module.name" -> module``."""
+    from . import hooks
+
+    out: dict[str, str] = {}
+    for patch in hooks.patches():
+        out.update(getattr(patch, "moves", {}) or {})
+    return out

@@ -537,21 +537,21 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
 APPLY_ORDER = {
     GENERATOR: [
         "validated-release", "api-inventory", "spawn-workers", "v1", "v1-prefix-caching", "v1-chunked-prefill",
-        "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
+        "v9", "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
         "dtype", "cpu-block-size", "driver-threads", "pipelined-steps", "v5", "stock-calls", "s04-scheduler-loop",
         "s04-result-order", "results-in-place", "guard-output", "self-check", "guard-input", "atomic-save", "report",
         "worker-death",
     ],
     WORKER: [
         "v3", "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing",
-        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport",
+        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport", "mrv2-rows",
         "self-check-reference",
     ],
     SPECULATORS_UTILS: [
         "tf5-config-torch",
     ],
     SPECULATORS_CONFIG: [
-        "tf5-attn-mask-utils",
+        "tf5-attn-mask-utils", "v8",
     ],
 }
 

@@ -101,3 +101,43 @@ def test_the_recorded_table_covers_the_validated_releases():
     assert releases >= {"0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
                         "0.15.1", "0.16.0"}
     assert next(p for p in hooks.patches() if p.id == "api-inventory").kind == "guard"
+
+
+MOVED = {
+    "__init__.py": "",
+    "core/__init__.py": "",
+    "core/utils.py": "def kept(a):\n    pass\n",
+    "core/planning.py": "def helper(vllm_config, groups, memory):\n    pass\n",
+    "other/deep.py": "class Gone:\n    pass\n",
+}
+
+
+def make_moved(tmp_path, moves=None):
+    root = tmp_path / "movedvllm"
+    for name, text in MOVED.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Sources("movedvllm", str(root), moves=moves)
+
+
+def test_a_declared_move_is_followed_only_where_the_old_module_lost_the_name(tmp_path):
+    bare = make_moved(tmp_path)
+    assert bare.params("movedvllm.core.utils", "helper") is None
+    src = make_moved(tmp_path, {"movedvllm.core.utils.helper": "movedvllm.core.planning",
+                                "movedvllm.core.utils.kept": "movedvllm.core.planning"})
+    assert list(src.params("movedvllm.core.utils", "helper")) == ["vllm_config", "groups", "memory"]
+    assert src.resolve("movedvllm.core.utils", "helper")[0] == "movedvllm.core.planning"
+    assert src.moved_to("movedvllm.core.utils", "helper") == "movedvllm.core.planning"
+    # still bound where it was: no move to follow
+    assert src.moved_to("movedvllm.core.utils", "kept") is None
+    assert list(src.params("movedvllm.core.utils", "kept")) == ["a"]
+
+
+def test_a_name_gone_from_its_module_is_said_moved_or_removed(tmp_path):
+    src = make_moved(tmp_path)
+    assert src.definitions("helper", near="movedvllm.core.utils") == ["movedvllm.core.planning"]
+    said = inventory.where_now(src, "movedvllm.core.utils", "helper")
+    assert "moved: helper is defined in movedvllm.core.planning" in said and "no patch" in said
+    assert "removed" in inventory.where_now(src, "movedvllm.core.utils", "nowhere_at_all")
+    assert src.definitions("Gone") == ["movedvllm.other.deep"]

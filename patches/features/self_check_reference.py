@@ -18,10 +18,17 @@ same on every rank: the logits are gathered over vLLM's TP group) and the gather
 few numbers per sequence (:mod:`speculators_compat.selfcheck`). Nothing is recorded, and every
 hook returns at once, while no call is armed.
 
+Under Model Runner V2 (vLLM 0.34: the only runner) the rows are found as MRv2's prompt
+log-probs code finds them: by request id in the step's ``InputBatch`` (``req_ids``,
+``query_start_loc_np``, ``num_computed_tokens_np``, as noted by ``mrv2-rows``), and the last
+layer's rows of the checked sequences are cut after ``mrv2-rows`` put them in input order.
+
 Detection: vLLM's ``GPUModelRunner._get_prompt_logprobs_dict`` (the CPU runner inherits it)
 finds a request's rows with ``input_batch.req_id_to_index`` and ``query_start_loc.np`` and
-computes them with ``self.model.compute_logits``; otherwise not needed (the self-check is off,
-and the driver says so once).
+computes them with ``self.model.compute_logits``; or, with no V1 runner, MRv2's
+``PromptLogprobsWorker.compute_prompt_logprobs`` finds them at ``input_batch.query_start_loc_np``
+of ``input_batch.req_ids`` and the runner passes it ``self.model.compute_logits``; otherwise not
+needed (the self-check is off, and the driver says so once).
 
 A feature: left off where no validation run recorded it. Remove with ``self-check``.
 """
@@ -36,6 +43,7 @@ from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import WORKER
 
 from .._ranges import SPECULATORS_03
+from ..vllm_api import mrv2_rows
 from ..vllm_api.v3 import find_base_model
 
 log = logging.getLogger("speculators_compat")
@@ -44,6 +52,20 @@ RUNNER = "vllm.v1.worker.gpu_model_runner"
 #: what vLLM's own prompt-logprobs code does that the reference hook does the same way
 USES = ("self.input_batch.req_id_to_index[req_id]", "self.query_start_loc.np[req_idx]",
         "request.num_computed_tokens", "self.model.compute_logits(")
+
+
+#: Model Runner V2: its prompt log-probs code, and what it and the runner's call of it use
+MRV2_PROMPT = "vllm.v1.worker.gpu.sample.prompt_logprob"
+MRV2_USES = ("input_batch.query_start_loc_np", "input_batch.req_ids")
+
+
+def _judge_mrv2(prompt: str | None, runner: str | None) -> Probe:
+    missing = [u for u in MRV2_USES if u not in (prompt or "")]
+    if missing or "self.model.compute_logits" not in (runner or ""):
+        what = f"does not use {missing[0]!r}" if missing else "is not given self.model.compute_logits"
+        return Probe.old(f"Model Runner V2's prompt log-probs code {what}: the self-check is off")
+    return Probe.new("Model Runner V2 finds a request's prompt rows at input_batch.query_start_loc_np of its "
+                     "req_ids and computes their logits with compute_logits")
 
 
 def _judge(source: str | None) -> Probe:
@@ -56,8 +78,14 @@ def _judge(source: str | None) -> Probe:
 
 
 def probe(module) -> Probe:
+    import importlib
+    import importlib.util
     import inspect
 
+    if importlib.util.find_spec(RUNNER) is None:  # Model Runner V2 only
+        prompt = importlib.import_module(MRV2_PROMPT).PromptLogprobsWorker.compute_prompt_logprobs
+        runner = importlib.import_module(mrv2_rows.MRV2).GPUModelRunner
+        return _judge_mrv2(inspect.getsource(prompt), inspect.getsource(runner))
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     method = getattr(GPUModelRunner, "_get_prompt_logprobs_dict", None)
@@ -65,13 +93,16 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
+    if view.vllm.module_file(RUNNER) is None:
+        return _judge_mrv2(view.vllm.source(MRV2_PROMPT, "PromptLogprobsWorker", "compute_prompt_logprobs"),
+                           view.vllm.text(mrv2_rows.MRV2))
     return _judge(view.vllm.source(RUNNER, "GPUModelRunner", "_get_prompt_logprobs_dict"))
 
 
 def _setup(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     base, _ = find_base_model(instance.model_runner.model)
-    why = selfcheck.install_worker(instance, base)
+    why = selfcheck.install_worker(instance, base, step_rows=mrv2_rows.step_rows)
     if why:
         log.warning("self-check: off in this worker: %s", why)
     return result
@@ -97,11 +128,14 @@ PATCH = Patch(
     title="vLLM's own final states of the checked requests, and the log-prob comparison (workers)",
     delta="no state independent of the capture to check its rows against -> vLLM's own, where its "
     "prompt log-probs come from",
-    api="vLLM GPUModelRunner (input_batch.req_id_to_index, query_start_loc.np, model.compute_logits)",
+    api="vLLM GPUModelRunner (input_batch.req_id_to_index, query_start_loc.np, model.compute_logits; "
+    "Model Runner V2: InputBatch.req_ids, query_start_loc_np)",
     side=Side.WORKER,
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
-    after=("v3", "shm-transport"),  # hooks after v3's capture hooks; its test faults wrap the store outermost
+    # hooks after v3's capture hooks; its test faults wrap the store outermost (outside mrv2-rows'
+    # reordering too: a fault is made in the forward's layout, as a broken capture point would)
+    after=("v3", "shm-transport", "mrv2-rows"),
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,

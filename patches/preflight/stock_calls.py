@@ -141,7 +141,7 @@ PATCH = Patch(
     kind=Kind.GUARD,
     depends_on=(),
     # binds the calls as these edit them; after every repair and feature
-    after=("v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v5", "v6", "driver-threads"),
+    after=("v1", "v1-prefix-caching", "v1-chunked-prefill", "v2", "v5", "v6", "v9", "driver-threads"),
     preflight=True,
     upstream="-",
     remove_when="never: this is the engine's own check",

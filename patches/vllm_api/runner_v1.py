@@ -38,10 +38,14 @@ from .._probes import source_of
 from .._ranges import SPECULATORS_ALL
 
 VAR = "VLLM_USE_V2_MODEL_RUNNER"
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 CONFIG = "vllm.config.vllm"
 
 
-def _judge(source: str | None) -> Probe:
+def _judge(source: str | None, v1_present: bool = True) -> Probe:
+    if source is None and not v1_present:
+        return Probe.old("no V1 model runner to keep: Model Runner V2 is vLLM's only runner "
+                         "(mrv2-rows places its rows by request id)")
     if source is None:
         return Probe.old("VllmConfig has no use_v2_model_runner: the V1 runner unless opted in")
     if VAR not in source:
@@ -54,13 +58,15 @@ def probe(module) -> Probe:
 
     prop = getattr(VllmConfig, "use_v2_model_runner", None)
     if prop is None:
-        return _judge(None)
+        import importlib.util
+
+        return _judge(None, importlib.util.find_spec(V1_RUNNER) is not None)
     return _judge(source_of(prop.fget if isinstance(prop, property) else prop))
 
 
 def static_probe(view) -> Probe:
     src = view.vllm.source(CONFIG, "VllmConfig", "use_v2_model_runner")
-    return _judge(src or None)
+    return _judge(src or None, view.vllm.module_file(V1_RUNNER) is not None)
 
 
 def _true(value: str) -> bool:

@@ -5,6 +5,7 @@ Each builder writes a transformers checkpoint in bf16 (the dtype the GPU runs us
 trained tokenizer (``speculators_compat.testing.tiny.build_tokenizer``).
 
 * ``llama``  -- a small Llama (GQA, head_dim 64: FLASH_ATTN on Hopper).
+* ``qwen3``  -- a small Qwen3 (GQA, q/k norms, head_dim 128 != hidden / heads).
 * ``dsv3``   -- DeepSeek-V3 with the MLA dims Hopper's MLA kernels accept (kv_lora_rank 512 +
   qk_rope_head_dim 64 = 576; see tests/gpu/device/README.md), 1 dense + 3 MoE layers, 8 routed experts top-2
   + 1 shared, ``noaux_tc`` sigmoid routing with a correction bias.
@@ -51,7 +52,7 @@ KIMI_WEIGHTS = {
     "type": "int",
 }
 
-MODELS = ("llama", "dsv3", "kimi", "perf")
+MODELS = ("llama", "qwen3", "dsv3", "kimi", "perf")
 
 
 def _small() -> bool:
@@ -81,6 +82,24 @@ def build_llama(path: Path) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).float()
     tiny.randomize_final_norm(model)  # a row normed twice then shows (the self-check's faults)
+    _save(model, path, config.vocab_size)
+
+
+def build_qwen3(path: Path) -> None:
+    """A small Qwen3: GQA, q/k norms, head_dim (128) != hidden / heads (64)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from speculators_compat.testing import tiny
+
+    config = Qwen3Config(
+        hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+        intermediate_size=512, vocab_size=512, max_position_embeddings=4096,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).float()
+    tiny.randomize_final_norm(model)
     _save(model, path, config.vocab_size)
 
 
@@ -222,7 +241,7 @@ def build_perf(path: Path) -> None:
         torch.cuda.empty_cache()
 
 
-BUILDERS = {"llama": build_llama, "dsv3": build_dsv3, "kimi": build_kimi, "perf": build_perf}
+BUILDERS = {"llama": build_llama, "qwen3": build_qwen3, "dsv3": build_dsv3, "kimi": build_kimi, "perf": build_perf}
 
 
 def build(root: str | Path, names=MODELS) -> dict:

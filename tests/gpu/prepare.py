@@ -1,6 +1,6 @@
 """Build the models and the HF fp32 references the GPU tests compare with (no vLLM needed).
 
-    python tests/gpu/prepare.py [NAME ...]     (default: llama dsv3 kimi perf)
+    python tests/gpu/prepare.py [NAME ...]     (default: llama qwen3 dsv3 kimi perf)
 
 Idempotent: what exists under $G016_ROOT (default /tmp/g016) is kept. Runs on the GPU
 machine before vLLM has arrived (device call 1 or 2), and again, as a no-op or to fill gaps,
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import models  # noqa: E402
 
-REF_MODELS = ("llama", "dsv3", "kimi")
+REF_MODELS = ("llama", "qwen3", "dsv3", "kimi")
 
 
 def kimi_hf_check(path) -> dict:

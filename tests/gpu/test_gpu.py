@@ -151,10 +151,29 @@ MRV2_LOG = "using v2 model runner"
 V1_RUNNERS = ("vllm.v1.worker.gpu_model_runner.", "vllm.v1.worker.cpu_model_runner.")
 
 
+MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner."
+
+
+def mrv2_checks(report: dict) -> list[str]:
+    """What shows that Model Runner V2 ran with its rows placed by request id (vLLM >= 0.34, no
+    V1 runner): mrv2-rows applied in every worker, and every worker's runner the MRv2 class."""
+    start = report["steps"]["start"]["value"]
+    problems = []
+    for i, w in enumerate(start.get("workers") or [{}]):
+        if not str(w.get("model_runner")).startswith(MRV2_RUNNER):
+            problems.append(f"worker {i} built {w.get('model_runner')}")
+        if "mrv2-rows" not in (w.get("applied") or []):
+            problems.append(f"worker {i}: mrv2-rows not applied: {w.get('applied')}")
+    return problems
+
+
 def runner_checks(report: dict, name: str) -> list[str]:
     """What shows that the V1 model runner ran (vLLM >= 0.22, where runner-v1 applies): the
     patch applied in the driver, VLLM_USE_V2_MODEL_RUNNER=0 there and in every worker, every
-    worker's model runner the V1 class, and no "Using V2 Model Runner" line in vLLM's log."""
+    worker's model runner the V1 class, and no "Using V2 Model Runner" line in vLLM's log.
+    From vLLM 0.34 (no V1 runner): :func:`mrv2_checks`."""
+    if vllm_version() >= (0, 34):
+        return mrv2_checks(report)
     start = report["steps"]["start"]["value"]
     problems = []
     if "runner-v1" not in (start.get("applied") or []):
@@ -211,8 +230,8 @@ def test_runner_v1_refuses_v2_env(prepared):
     IncompatibleVllmError naming the variable, raised before the generator's own ``__init__``
     runs -- no CUDA context created by the call, no engine core or model-runner module
     imported (cheap: no model load). Only where runner-v1 applies (vLLM >= 0.22)."""
-    if vllm_version() < (0, 22):
-        pytest.skip(f"runner-v1 applies from vLLM 0.22 (installed {vllm_version()})")
+    if not (0, 22) <= vllm_version() < (0, 34):
+        pytest.skip(f"runner-v1 keeps the V1 runner on vLLM 0.22 - 0.33 (installed {vllm_version()})")
     LOGS.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-c", REFUSE_V2, str(common.MODELS / "llama")], capture_output=True,
                           text=True, cwd=str(common.ROOT / "work"), env=child_env(1), timeout=remaining(180))
@@ -294,7 +313,7 @@ def test_offload_pinned_async_on_cuda():
     assert best["async"] <= best["blocking"]
 
 
-CASES = [("llama", 1), ("dsv3", 1), ("kimi", 1), ("llama", 2), ("dsv3", 2), ("kimi", 2)]
+CASES = [("llama", 1), ("qwen3", 1), ("dsv3", 1), ("kimi", 1), ("llama", 2), ("dsv3", 2), ("kimi", 2)]
 
 
 @pytest.mark.parametrize("model,tp", CASES, ids=[f"{m}-tp{t}" for m, t in CASES])
@@ -326,7 +345,7 @@ def test_extraction_matches_hf(model, tp, prepared):
     assert not failed, f"{failed}\n{tail[-1500:]}"
     if vllm_version() >= (0, 22):
         problems = runner_checks(report, name)
-        assert not problems, f"the V1 model runner did not (provably) run: {problems}"
+        assert not problems, f"the expected model runner did not (provably) run: {problems}"
     for s in sets.split(","):
         v = steps[s]["value"]
         assert v["rows_ok"]

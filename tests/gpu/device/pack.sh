@@ -21,7 +21,7 @@ set -euo pipefail
 WHEEL=${1:?path to the vLLM CUDA wheel}
 OUT=${2:-.gpu}
 REL=$(basename "$WHEEL" | sed -E 's/^vllm-([0-9]+\.[0-9]+)\..*/\1/')
-case $REL in 0.20|0.26) ;; *) echo "no wheel lists for vLLM $REL (tests/gpu/device/pack.sh knows 0.20, 0.26)"; exit 1 ;; esac
+case $REL in 0.20|0.26|0.33|0.34) ;; *) echo "no wheel lists for vLLM $REL (tests/gpu/device/pack.sh knows 0.20, 0.26, 0.33, 0.34)"; exit 1 ;; esac
 CARRY_MB=${CARRY_MB:-60}   # per call, without the checkout (64 MiB in all; the checkout is ~1.5 MiB)
 PART_MB=${PART_MB:-$CARRY_MB}   # c2, c3, ...; c1 (FIRST_MB) is what whl/ + w2/ + tf4/ leave of CARRY_MB
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
@@ -60,7 +60,7 @@ fi
 #     pydantic, torch, transformers); wrapt for the shim (the image has one; this pins the version
 #     the tests ran with). pytest and packaging are in the image.
 #     (0.26 pins compressed-tensors ==0.17.0: torch>=2.10, transformers>=4.45, pydantic, loguru)
-CT=0.15.0.1; [ "$REL" = 0.26 ] && CT=0.17.0
+CT=0.15.0.1; [ "$REL" != 0.20 ] && CT=0.17.0
 "${PIP[@]}" -d "$OUT"/w2 speculators==0.3.0 loguru==0.7.3 compressed-tensors==$CT wrapt==2.5.2
 #     transformers 4.x for speculators 0.3.0; its import-time check wants huggingface-hub<1.0
 #     and tokenizers<=0.23.0 (the image has 1.33.0 and 0.23.2)
@@ -77,17 +77,20 @@ unzip -q "$TMP"/xgrammar-0.1.33-*.whl -d "$TMP"/xg
 rm "$TMP"/xg/xgrammar/lib/libxgrammar.a
 strip --strip-unneeded "$TMP"/xg/xgrammar/xgrammar_bindings.*.so
 tar -C "$TMP"/xg -cf - . | xz -9 -c > "$OUT"/x1/xgrammar-0.1.33-stripped.tar.xz
-else
+elif [ "$REL" = 0.26 ]; then
 #    0.26 pins llguidance >=1.7,<1.8 (1.7.6 is manylinux_2_31), xgrammar >=0.2.1,<1.0 and
 #    apache-tvm-ffi ==0.1.10: xgrammar 0.2.7 is the newest that accepts 0.1.10 (0.2.8 wants
 #    >=0.1.11) and ships no static library (1.3 MB wheel); xgrammar imports tvm_ffi.
 "${PIP[@]}" -d "$OUT"/x1 llguidance==1.7.6 xgrammar==0.2.7 apache-tvm-ffi==0.1.10
+else
+#    0.33 and 0.34 pin xgrammar ==0.2.8 and apache-tvm-ffi ==0.1.11
+"${PIP[@]}" -d "$OUT"/x1 llguidance==1.7.6 xgrammar==0.2.8 apache-tvm-ffi==0.1.11
 fi
 
 # 3. vLLM: a wheel is a site-packages tree; drop FA2 (pre-Hopper only, 183 MB), tar, xz, split.
 unzip -q "$WHEEL" -d "$TMP"/site
 rm "$TMP"/site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
-if [ "$REL" = 0.26 ]; then
+if [ "$REL" != 0.20 ]; then
   # also not used by an offline LLM on Hopper: the Rust API-server frontend (vllm-rs, 41 MB,
   # VLLM_RUST_FRONTEND_*), the SM100-only MSA kernels of MiniMax M3 (third_party/fmha_sm100,
   # imported lazily), DeepGEMM's extension builds for other Pythons than 3.12

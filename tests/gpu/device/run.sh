@@ -33,6 +33,9 @@
 #             run`, $STOCK_CALLS (50) calls of 16 x 1024 tokens saved to /tmp/stock, against the disk's
 #             and the save path's bandwidth and the bench's prefill -> $OUT/stock-llama-8b.json
 #   smoke     tests/gpu/device/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
+#   stub34    vLLM 0.33/0.34: the MiniMax-M3 warm-up module (imports the CuTe DSL, not carried) made a
+#             no-op (it returns at once for other models and on SM90); stated in the records
+#   (SC_MODELS: the models of `selfcheck`, default the 8B bench model, dsv3 and kimi)
 set -o pipefail
 SITE=${SITE:-/tmp/site}; PARTS=${PARTS:-/tmp/parts}   # overridable for a dry run elsewhere
 PAY=${PAY:-.gpu}   # the payload folder (tests/gpu/device/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
@@ -146,7 +149,7 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
   selfcheck)
     # the self-check's separation (correct rows against each test-only fault) on the 8B bench model
     # and the prepared DeepSeek-V3 MLA and Kimi-shaped INT4 models
-    for m in $BM/llama-8b $G016_ROOT/models/dsv3 $G016_ROOT/models/kimi; do
+    for m in ${SC_MODELS:-$BM/llama-8b $G016_ROOT/models/dsv3 $G016_ROOT/models/kimi}; do
       n=$(basename "$m")
       timeout ${TMO_SC:-150} python3 benchmarks/gpu_extract.py selfcheck "$m" --out "$OUT/selfcheck-$n.json" \
         --prompts ${SC_PROMPTS:-16} --len ${SC_LEN:-1024} > "$OUT/selfcheck-$n.log" 2>&1
@@ -159,6 +162,14 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
         --sets mixed --out "$OUT/extract_llama_tf5.json" > "$OUT/tf5.log" 2>&1; echo "tf5 rc=$?" )
     python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:(v['ok'],str(v.get('error',''))[:300]) for k,v in d['steps'].items()});print('mixed',{k:d['steps'].get('mixed',{}).get('value',{}).get(k) for k in ('max_rel_l2','pooled_rel_l2','rows_ok')})" "$OUT/extract_llama_tf5.json" 2>&1 | tail -3
     PYTHONPATH=$SITE python3 -c "import transformers;print('transformers',transformers.__version__)" ;;
+  stub34)
+    # vLLM 0.33/0.34 on the image: kernel_warmup imports model_executor/warmup/minimax_m3_msa_warmup.py
+    # for every model on CUDA, which (0.34) imports the CuTe DSL (nvidia-cutlass-dsl, not carried);
+    # its function returns at once for a model without MiniMax-M3 attention or a GPU that is not SM100
+    f=$SITE/vllm/model_executor/warmup/minimax_m3_msa_warmup.py
+    if [ -f "$f" ]; then [ -f "$f.orig" ] || cp "$f" "$f.orig"
+      printf '# speculators_compat GPU run: the original imports the CuTe DSL (not carried); it returns at once\n# for a model without MiniMaxM3SparseAttention or a GPU that is not SM100.\ndef minimax_m3_msa_warmup(worker):\n    return None\n' > "$f"
+      rm -f "$SITE"/vllm/model_executor/warmup/__pycache__/minimax_m3_msa_warmup*; echo "stubbed $f"; fi ;;
   smoke)
     timeout ${TMO:-240} python3 tests/gpu/device/run_llm.py "$G016_ROOT/models/llama" > "$OUT/smoke.log" 2>&1
     echo "rc=$?"; grep -E "RESULT|Error|Traceback" "$OUT/smoke.log" | cut -c1-400 | tail -5 ;;
