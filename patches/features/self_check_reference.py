@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import os
 
-from speculators_compat import selfcheck
+from speculators_compat import hooks, selfcheck
 from speculators_compat.registry import Kind, Patch, Probe, Side
 from speculators_compat.targets import WORKER
 
@@ -101,8 +101,13 @@ def static_probe(view) -> Probe:
 
 def _setup(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    base, _ = find_base_model(instance.model_runner.model)
-    why = selfcheck.install_worker(instance, base, step_rows=mrv2_rows.step_rows)
+    runner = instance.model_runner
+    base, _ = find_base_model(runner.model)
+    if not hasattr(runner, "input_batch") and mrv2_rows.PATCH.id not in hooks.applied_ids():
+        # Model Runner V2 keeps no persistent batch: its rows are found through mrv2-rows' layout
+        why = f"{type(runner).__module__}.{type(runner).__name__} has no input_batch and mrv2-rows is off"
+    else:
+        why = selfcheck.install_worker(instance, base, step_rows=mrv2_rows.step_rows)
     if why:
         log.warning("self-check: off in this worker: %s", why)
     return result

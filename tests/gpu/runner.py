@@ -188,8 +188,10 @@ def main() -> int:
 
 def validation_run(results: dict) -> dict | None:
     """The CUDA validation run these results make (merged here with ``tests/matrix.py record``):
-    what applied, in the driver and the workers, in every extraction whose steps all passed."""
+    what applied, in the driver and the workers, in every extraction whose test passed (all its
+    steps ok, and at least one set of rows compared with HF: a run cut short compared none)."""
     fig = results.get("figures", {})
+    passed = {t["test"] for t in results.get("tests", []) if t.get("outcome") == "passed"}
     applied: set = set()
     models: set = set()
     tp: set = set()
@@ -199,6 +201,10 @@ def validation_run(results: dict) -> dict | None:
             continue
         steps = rep.get("steps", {})
         if not steps or not all(s.get("ok") for s in steps.values()):
+            continue
+        compared = [k for k, v in steps.items() if isinstance(v.get("value"), dict) and "max_rel_l2" in v["value"]]
+        test = f"test_gpu::test_extraction_matches_hf[{rep.get('model')}-tp{rep.get('tp')}]"
+        if not compared or test not in passed:
             continue
         start = steps["start"]["value"]
         applied.update(start.get("applied") or [])

@@ -162,6 +162,12 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
         --sets mixed --out "$OUT/extract_llama_tf5.json" > "$OUT/tf5.log" 2>&1; echo "tf5 rc=$?" )
     python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:(v['ok'],str(v.get('error',''))[:300]) for k,v in d['steps'].items()});print('mixed',{k:d['steps'].get('mixed',{}).get('value',{}).get(k) for k in ('max_rel_l2','pooled_rel_l2','rows_ok')})" "$OUT/extract_llama_tf5.json" 2>&1 | tail -3
     PYTHONPATH=$SITE python3 -c "import transformers;print('transformers',transformers.__version__)" ;;
+  disabled)
+    # one extraction with the patches in $DISABLE turned off (what the rows are without them), mixed set
+    m=${DIS_MODEL:-llama}
+    ( cd "$G016_ROOT/work" 2>/dev/null || cd /tmp; SPECULATORS_COMPAT_DISABLE=$DISABLE timeout ${TMO:-200} python3 "$OLDPWD/tests/gpu/extract.py" \
+        $m --tp 1 --sets mixed --out "$OUT/extract_${m}_without_${DISABLE//,/_}.json" > "$OUT/disabled.log" 2>&1; echo "disabled $DISABLE rc=$?" )
+    python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:(v['ok'],str(v.get('error',''))[:300]) for k,v in d['steps'].items()});print('mixed',{k:d['steps'].get('mixed',{}).get('value',{}).get(k) for k in ('max_rel_l2','pooled_rel_l2','rows_ok','outlier_rows')})" "$OUT/extract_${m}_without_${DISABLE//,/_}.json" 2>&1 | tail -3 ;;
   stub34)
     # vLLM 0.33/0.34 on the image: kernel_warmup imports model_executor/warmup/minimax_m3_msa_warmup.py
     # for every model on CUDA, which (0.34) imports the CuTe DSL (nvidia-cutlass-dsl, not carried);
