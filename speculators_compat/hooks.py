@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from . import targets
+from . import children, targets
 from ._log import logger
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing alone costs ~4 ms
@@ -105,7 +105,9 @@ def install(registry: str | list[Patch] | None = None) -> None:
     ``registry``: the patches to apply -- the name of a patch-set package (discovered when first
     needed; ``PATCH_SET`` unless another was given before) or a list of patches, in the order
     they apply. If ``speculators`` is not imported yet, this only arms the deferred finder (no
-    wrapt, no registry import); otherwise the hooks are registered at once.
+    wrapt, no registry import); otherwise the hooks are registered at once. The Python processes
+    started from here on are armed too (:func:`speculators_compat.children.arm`: a process that
+    multiprocessing spawns re-imports the script with the hooks armed).
     """
     with _state.lock:
         if registry is not None:
@@ -115,6 +117,7 @@ def install(registry: str | list[Patch] | None = None) -> None:
             _register_hooks()
         elif _deferred not in sys.meta_path:
             sys.meta_path.insert(0, _deferred)
+    children.arm()
 
 
 def _register_hooks() -> None:
@@ -233,6 +236,7 @@ def apply() -> list[Decision]:
     with _state.lock:
         _state.active = True
     _register_hooks()
+    children.arm()
     out: list[Decision] = []
     for target in _targets():
         module = sys.modules.get(target)
@@ -246,8 +250,11 @@ def revert(ids: list[str] | None = None) -> None:
 
     Wrappers are undone last-in first-out and the remaining patches re-applied, so reverting
     one patch in the middle of a stack leaves the others intact. Objects created while a
-    patch was active (a running generator, its executor proxy) keep it.
+    patch was active (a running generator, its executor proxy) keep it. Reverting all also takes
+    the start-up hook off ``PYTHONPATH`` (processes started afterwards are not armed).
     """
+    if ids is None:
+        children.disarm()
     with _state.lock:
         if ids is None:
             _state.active = False

@@ -152,21 +152,12 @@ def _stop(signame: str, code: int) -> int:
     return code
 
 
-BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
-
-
 def _arm_children() -> None:
     """Every Python process started from here on imports ``speculators_compat`` first (see the
-    module docstring). From a source checkout the folder holding the package follows it; an
-    installed package's site-packages is never put on ``PYTHONPATH`` (ahead of the standard
-    library, it would let an installed backport shadow a stdlib module)."""
-    import site
+    module docstring and :mod:`speculators_compat.children`)."""
+    from . import children
 
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sites = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
-    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    wanted = [BOOTSTRAP] + ([package_root] if package_root not in sites else [])
-    os.environ["PYTHONPATH"] = os.pathsep.join([p for p in wanted if p not in current] + current)
+    children.arm()
 
 
 def _options(argv: list[str]) -> tuple[dict, list[str]]:
