@@ -21,7 +21,7 @@ from .testing import tiny
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="speculators-compat demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="speculators-compat demo", description=__doc__.splitlines()[0].replace("``", ""))
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (CPU: 1 or 2)")
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--model", help="use this model folder instead of building a tiny one")

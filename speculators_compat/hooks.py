@@ -186,15 +186,16 @@ def apply_module(module: ModuleType) -> list[Decision]:
         message = " | ".join(filter(None, [message or "speculators_compat refuses to run", *(
             f"[{d.patch.id}] SPECULATORS_COMPAT_UNVALIDATED=self-check runs vLLM {ctx.vllm.base} only under the "
             f"self-check, which does not apply here ({d.status.value}: {d.reason})" for d in opt_in)]))
+    configuration = False
     if name in targets.ENTRY_POINTS:
         known = [p.id for p in patches()]
         unknown = unknown_disabled(known)
-        if unknown:  # a misspelt id would leave on what the user meant to turn off
-            message = " | ".join(filter(None, [message or "speculators_compat refuses to run",
-                                               unknown_disabled_message(unknown, known)]))
+        if unknown:  # a misspelt id would leave on what the user meant to turn off: a configuration error
+            configuration = True
+            message = " | ".join(filter(None, [unknown_disabled_message(unknown, known), message]))
     with _state.lock:
         if message and name not in _state.refusals and name in targets.ENTRY_POINTS:
-            _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], message)
+            _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], message, configuration)
     if refused and name in targets.REFUSE_AT_IMPORT:
         # an import-time target (speculators.utils on transformers v5): without the patch the
         # import itself fails further on with a foreign traceback; fail it here, saying why
@@ -213,16 +214,20 @@ def refusal_message(refused: list[Decision]) -> str:
     return "speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
 
 
-def _install_refusal(module: ModuleType, entry: tuple[str, str], message: str) -> Patcher:
-    """Make the target's entry point raise ``message`` before it does any heavy work."""
-    from .errors import IncompatibleVllmError
+def _install_refusal(module: ModuleType, entry: tuple[str, str], message: str,
+                     configuration: bool = False) -> Patcher:
+    """Make the target's entry point raise ``message`` before it does any heavy work: a
+    ``ConfigurationError`` when ``configuration`` (the library's own settings are wrong), else
+    ``IncompatibleVllmError``."""
+    from .errors import ConfigurationError, IncompatibleVllmError
     from .registry import Patcher
 
     cls_name, method = entry
     logger().error(message)
+    error = ConfigurationError if configuration else IncompatibleVllmError
 
     def refuse(wrapped, instance, args, kwargs):
-        raise IncompatibleVllmError(message)
+        raise error(message)
 
     patcher = Patcher()
     owner = getattr(module, cls_name, None)
