@@ -250,6 +250,7 @@ def test_the_constructor_refuses_before_anything_loads(tmp_path):
 
 def test_a_hub_model_is_checked_against_the_config_the_constructor_loads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    online(monkeypatch)  # a hub id offline and not in the hub cache is refused before (see above)
     stock = Constructor(32)
     with pytest.raises(InvalidInputError, match=r"layer id 32 out of bounds \[0, 31\]: the model has 32 decoder layers"):
         construct(stock, "org/model", [0, 32])
