@@ -923,3 +923,56 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     want = expected_applied()
     if want is not None:
         assert set(result["applied"]) == want
+
+
+#: speculators 0.3.0's own offline script (not in its wheel): the README's first run fetches it from here
+STOCK_SCRIPT_URL = "https://raw.githubusercontent.com/vllm-project/speculators/v0.3.0/scripts/data_generation_offline.py"
+
+
+def _readme_first_run() -> list[str]:
+    """The shell lines of the README's first-run block (continuations joined)."""
+    text = (HERE.parent / "README.md").read_text()
+    block = text.split("<!-- first-run", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _stock_script(dest: Path) -> bool:
+    """speculators 0.3.0's data_generation_offline.py at ``dest``: SPECULATORS_COMPAT_REAL_DATAGEN, else
+    fetched from the README's address; False when neither is possible (no network)."""
+    import shutil
+    import urllib.request
+
+    real = os.environ.get("SPECULATORS_COMPAT_REAL_DATAGEN")
+    if real:
+        shutil.copyfile(real, dest)
+        return True
+    try:
+        with urllib.request.urlopen(STOCK_SCRIPT_URL, timeout=30) as response:
+            dest.write_bytes(response.read())
+    except OSError:
+        return False
+    return True
+
+
+@suite_is("full")
+@pytest.mark.skipif(SPEC04, reason="the README's first run uses speculators 0.3.0's script")
+def test_the_readme_first_run_works_as_written(tmp_path):
+    """The README's first run, line by line, in this environment (the demo's stands for it here:
+    its `activate` line is left out): a fresh tiny model, the stock script through the runner,
+    then verify says complete."""
+    lines = _readme_first_run()
+    assert lines[0].startswith(". .tox/demo/bin/activate") and any(STOCK_SCRIPT_URL in ln for ln in lines), lines
+    if not _stock_script(tmp_path / "data_generation_offline.py"):
+        pytest.skip(f"speculators 0.3.0's script: no SPECULATORS_COMPAT_REAL_DATAGEN and {STOCK_SCRIPT_URL} unreachable")
+    env = _stock_env(HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    outputs = []
+    for line in lines[1:]:
+        if line.startswith("curl "):
+            continue  # fetched above
+        proc = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=900,
+                              cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, (line, proc.stdout[-2000:], proc.stderr[-5000:])
+        outputs.append(proc.stdout + proc.stderr)
+    assert outputs[-1].rstrip().endswith("complete: yes"), outputs[-1][-2000:]
+    assert sorted(p.name for p in (tmp_path / "out").glob("data_*.pt")) == ["data_0.pt", "data_1.pt"]
+    assert TP_DEFAULT_LINE in outputs[-2]  # the script's default --tensor-parallel-size on a CPU
