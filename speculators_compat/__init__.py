@@ -14,8 +14,8 @@ import os
 
 from . import _checkout, _env
 from ._log import logger as _logger
-from .errors import (CaptureContractError, CompatError, IncompatibleVllmError, InvalidInputError, SelfCheckError,
-                     WorkerDiedError)
+from .errors import (CaptureContractError, CompatError, ConfigurationError, IncompatibleVllmError, InvalidInputError,
+                     SelfCheckError, WorkerDiedError)
 from .hooks import applied_ids, apply, install, reset, revert, status
 
 __version__ = "0.1.0"
@@ -30,6 +30,7 @@ __all__ = [
     "applied_ids",
     "CompatError",
     "IncompatibleVllmError",
+    "ConfigurationError",
     "InvalidInputError",
     "CaptureContractError",
     "SelfCheckError",

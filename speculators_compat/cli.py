@@ -6,7 +6,9 @@ import sys
 
 USAGE = (
     "usage: speculators-compat {check [--json] [--deep] | demo [--tp N] "
-    "| run [--shard I/N] [--data-parallel K] SCRIPT [ARGS...] | verify OUTPUT_DIR [--full] [--expect N] [--json]}"
+    "| run [--shard I/N] [--data-parallel K] SCRIPT [ARGS...] | verify OUTPUT_DIR [--full] [--expect N] [--json]}\n"
+    "       speculators-compat --version\n"
+    "(speculators-compat COMMAND --help: the command's options)"
 )
 
 
@@ -15,6 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] in {"-V", "--version"}:
+        from . import __version__
+
+        print(f"speculators-compat {__version__}")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "check":
         from .check import main as check

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CompatError",
     "IncompatibleVllmError",
+    "ConfigurationError",
     "InvalidInputError",
     "CaptureContractError",
     "SelfCheckError",
@@ -18,6 +19,11 @@ class CompatError(RuntimeError):
 
 class IncompatibleVllmError(CompatError):
     """A patch could not prove that its target has the shape it was written for."""
+
+
+class ConfigurationError(CompatError, ValueError):
+    """The library's own settings are wrong, e.g. an id in ``SPECULATORS_COMPAT_DISABLE`` that
+    names no patch (the message lists the valid ids)."""
 
 
 class InvalidInputError(CompatError, ValueError):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from . import targets
+from . import children, targets
 from ._log import logger
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing alone costs ~4 ms
@@ -105,7 +105,9 @@ def install(registry: str | list[Patch] | None = None) -> None:
     ``registry``: the patches to apply -- the name of a patch-set package (discovered when first
     needed; ``PATCH_SET`` unless another was given before) or a list of patches, in the order
     they apply. If ``speculators`` is not imported yet, this only arms the deferred finder (no
-    wrapt, no registry import); otherwise the hooks are registered at once.
+    wrapt, no registry import); otherwise the hooks are registered at once. The Python processes
+    started from here on are armed too (:func:`speculators_compat.children.arm`: a process that
+    multiprocessing spawns re-imports the script with the hooks armed).
     """
     with _state.lock:
         if registry is not None:
@@ -115,6 +117,7 @@ def install(registry: str | list[Patch] | None = None) -> None:
             _register_hooks()
         elif _deferred not in sys.meta_path:
             sys.meta_path.insert(0, _deferred)
+    children.arm()
 
 
 def _register_hooks() -> None:
@@ -183,15 +186,16 @@ def apply_module(module: ModuleType) -> list[Decision]:
         message = " | ".join(filter(None, [message or "speculators_compat refuses to run", *(
             f"[{d.patch.id}] SPECULATORS_COMPAT_UNVALIDATED=self-check runs vLLM {ctx.vllm.base} only under the "
             f"self-check, which does not apply here ({d.status.value}: {d.reason})" for d in opt_in)]))
+    configuration = False
     if name in targets.ENTRY_POINTS:
         known = [p.id for p in patches()]
         unknown = unknown_disabled(known)
-        if unknown:  # a misspelt id would leave on what the user meant to turn off
-            message = " | ".join(filter(None, [message or "speculators_compat refuses to run",
-                                               unknown_disabled_message(unknown, known)]))
+        if unknown:  # a misspelt id would leave on what the user meant to turn off: a configuration error
+            configuration = True
+            message = " | ".join(filter(None, [unknown_disabled_message(unknown, known), message]))
     with _state.lock:
         if message and name not in _state.refusals and name in targets.ENTRY_POINTS:
-            _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], message)
+            _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], message, configuration)
     if refused and name in targets.REFUSE_AT_IMPORT:
         # an import-time target (speculators.utils on transformers v5): without the patch the
         # import itself fails further on with a foreign traceback; fail it here, saying why
@@ -210,16 +214,20 @@ def refusal_message(refused: list[Decision]) -> str:
     return "speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
 
 
-def _install_refusal(module: ModuleType, entry: tuple[str, str], message: str) -> Patcher:
-    """Make the target's entry point raise ``message`` before it does any heavy work."""
-    from .errors import IncompatibleVllmError
+def _install_refusal(module: ModuleType, entry: tuple[str, str], message: str,
+                     configuration: bool = False) -> Patcher:
+    """Make the target's entry point raise ``message`` before it does any heavy work: a
+    ``ConfigurationError`` when ``configuration`` (the library's own settings are wrong), else
+    ``IncompatibleVllmError``."""
+    from .errors import ConfigurationError, IncompatibleVllmError
     from .registry import Patcher
 
     cls_name, method = entry
     logger().error(message)
+    error = ConfigurationError if configuration else IncompatibleVllmError
 
     def refuse(wrapped, instance, args, kwargs):
-        raise IncompatibleVllmError(message)
+        raise error(message)
 
     patcher = Patcher()
     owner = getattr(module, cls_name, None)
@@ -233,6 +241,7 @@ def apply() -> list[Decision]:
     with _state.lock:
         _state.active = True
     _register_hooks()
+    children.arm()
     out: list[Decision] = []
     for target in _targets():
         module = sys.modules.get(target)
@@ -246,8 +255,11 @@ def revert(ids: list[str] | None = None) -> None:
 
     Wrappers are undone last-in first-out and the remaining patches re-applied, so reverting
     one patch in the middle of a stack leaves the others intact. Objects created while a
-    patch was active (a running generator, its executor proxy) keep it.
+    patch was active (a running generator, its executor proxy) keep it. Reverting all also takes
+    the start-up hook off ``PYTHONPATH`` (processes started afterwards are not armed).
     """
+    if ids is None:
+        children.disarm()
     with _state.lock:
         if ids is None:
             _state.active = False

@@ -73,6 +73,21 @@ def leave_ctrl_c_to_the_runner() -> bool:
     return True
 
 
+_shutdowns = [0]  # executors of generators shut down by their finalizer (the report patch), this process
+
+
+def note_shutdown() -> None:
+    """A generator's executor was shut down by its finalizer (``report``: its ``__del__``)."""
+    with _lock:
+        _shutdowns[0] += 1
+
+
+def shutdowns() -> int:
+    """How many executors :func:`note_shutdown` counted so far."""
+    with _lock:
+        return _shutdowns[0]
+
+
 def live() -> list:
     with _lock:
         return list(_live)

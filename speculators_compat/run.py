@@ -46,6 +46,32 @@ USAGE = (
     "       speculators-compat run -m MODULE [ARGS...]"
 )
 
+HELP = USAGE + """
+
+Run SCRIPT (or -m MODULE) unchanged, as __main__, with speculators_compat's patches armed in this
+process and in every Python process it starts (vLLM's workers included). speculators'
+data_generation_offline.py (0.3.0 / 0.4.x) also gets a crash-safe --output-dir: run the same
+command again after a crash and it resumes.
+
+options (before SCRIPT; everything after SCRIPT goes to the script):
+  -h, --help          show this help and exit
+  -m MODULE           run a module instead of a file (as python -m MODULE)
+  --shard I/N         extract shard I (0-based) of N of the dataset into the shared --output-dir
+                      (data_generation_offline.py only); --shard 0/1: the whole dataset
+  --data-parallel K   start K shards of the script on this node, each on its own group of the
+                      visible GPUs (CUDA_VISIBLE_DEVICES, split evenly; on the CPU: K processes)
+
+environment it reads (a launcher's shard, when --shard is not given):
+  RANK, WORLD_SIZE    torchrun and other launchers that follow torch's convention: shard RANK of
+                      WORLD_SIZE (LOCAL_RANK, LOCAL_WORLD_SIZE: each process's share of the GPUs)
+  SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_STEP_ID
+                      an srun job step: shard SLURM_PROCID of the step's tasks
+  CUDA_VISIBLE_DEVICES  the GPUs --data-parallel splits (else those nvidia-smi lists)
+  SPECULATORS_COMPAT_DISABLE=resume  leave the output folder alone (no resume, no sharding)
+
+exit codes: the script's own; 130 after Ctrl-C, 143 after SIGTERM (pending saves finished);
+1 for an output folder it refuses; 2 for a usage error."""
+
 #: the id that ``SPECULATORS_COMPAT_DISABLE`` takes to leave the output folder alone
 RESUME_ID = "resume"
 
@@ -127,6 +153,10 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
     patcher.wrap(argparse.ArgumentParser, "parse_args", parse_args)
 
 
+#: executors shut down by their generators' finalizers before the signal (``lifecycle.shutdowns()``)
+_before_signal = [0]
+
+
 def _stop(signame: str, code: int) -> int:
     import sys
     import traceback
@@ -145,28 +175,25 @@ def _stop(signame: str, code: int) -> int:
         import gc
 
         gc.collect()  # a generator no one tracked: its __del__ shuts its executor down
-    what = "; ".join(stopped) if stopped else "no live generator to stop"
+    unwound = lifecycle.shutdowns() - _before_signal[0]
+    if stopped:
+        what = "; ".join(stopped)
+    elif unwound:  # the generator went with the script's frames: its own line said so just above
+        what = f"{unwound} executor(s) shut down as the script unwound"
+    else:
+        what = "no live generator to stop"
     _log().warning(
         "interrupted by %s: %s; exit code %d. Run the same command again to resume.", signame, what, code
     )
     return code
 
 
-BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
-
-
 def _arm_children() -> None:
     """Every Python process started from here on imports ``speculators_compat`` first (see the
-    module docstring). From a source checkout the folder holding the package follows it; an
-    installed package's site-packages is never put on ``PYTHONPATH`` (ahead of the standard
-    library, it would let an installed backport shadow a stdlib module)."""
-    import site
+    module docstring and :mod:`speculators_compat.children`)."""
+    from . import children
 
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sites = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
-    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    wanted = [BOOTSTRAP] + ([package_root] if package_root not in sites else [])
-    os.environ["PYTHONPATH"] = os.pathsep.join([p for p in wanted if p not in current] + current)
+    children.arm()
 
 
 def _options(argv: list[str]) -> tuple[dict, list[str]]:
@@ -259,7 +286,7 @@ def _write_manifest(manifest, status: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE, file=sys.stderr if not argv else sys.stdout)
+        print(HELP if argv else USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
     from . import shards
     from .resume import OutputFolderError
@@ -296,12 +323,23 @@ def main(argv: list[str] | None = None) -> int:
     _arm_children()
     os.environ[_env.RUNNER] = str(os.getpid())  # the workers of this process leave Ctrl-C to it
 
+    from . import lifecycle
+
+    _before_signal[0] = lifecycle.shutdowns()
+
     def on_sigterm(signum, frame):
+        _before_signal[0] = lifecycle.shutdowns()
         raise Terminated()
 
-    previous = None
+    def on_sigint(signum, frame):
+        _before_signal[0] = lifecycle.shutdowns()
+        signal.default_int_handler(signum, frame)
+
+    previous = previous_int = None
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         previous = signal.signal(signal.SIGTERM, on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous_int = signal.signal(signal.SIGINT, on_sigint)
     status = "failed"
     try:
         code = _run(argv, explicit)
@@ -329,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         resume.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 if __name__ == "__main__":

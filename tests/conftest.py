@@ -46,6 +46,18 @@ def pytest_sessionfinish(session, exitstatus):
     print(f"\nvalidation run written to {path}")
 
 
+@pytest.fixture(autouse=True)
+def _children_not_armed():
+    """``import speculators_compat`` (here, and again at every ``install()``) puts its start-up hook on
+    ``PYTHONPATH``: taken off for each test, so that the processes a test starts are armed only the
+    way that test says (the scenario's spawned workers, say, get the patches through the vLLM plugin)."""
+    from speculators_compat import children
+
+    children.disarm()
+    yield
+    children.disarm()
+
+
 @pytest.fixture
 def fake_registry(monkeypatch, tmp_path):
     """Point the engine at a throw-away registry and target module (unit tests only)."""

@@ -16,8 +16,9 @@ what a killed and resumed run leaves on disk (speculators 0.3.0; 0.4.x only adds
 * "All samples already processed!" (and no config written) when ``max + 1`` reaches the
   dataset size; the generator is built with ``max_model_len`` = the sequence length.
 
-What differs: samples come pre-tokenized from a local JSON-lines file (``input_ids``,
-``loss_mask``) instead of ``load_and_preprocess_dataset`` (chat template, HF datasets), and
+Its ``--tensor-parallel-size`` defaults, as the real script's, to
+``torch.accelerator.device_count()`` (0 on a CPU). What differs: samples come pre-tokenized
+from a local JSON-lines file (``input_ids``, ``loss_mask``) instead of ``load_and_preprocess_dataset`` (chat template, HF datasets), and
 are passed to ``generate`` as the same list of 1-D LongTensors. ``SPECULATORS_DATAGEN_DELAY``
 (seconds, tests only) sleeps after each batch, to widen the window in which a test kills the
 run; ``SPECULATORS_DATAGEN_REPEAT`` (tests only) makes each batch's ``generate`` call N times
@@ -60,7 +61,8 @@ def parse_args():
     ap.add_argument("--layer-ids", type=int, nargs="+", default=None)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    # as the real script: 0 on a machine without an accelerator (guard-input takes it as 1 there)
+    ap.add_argument("--tensor-parallel-size", type=int, default=torch.accelerator.device_count())
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     ap.add_argument("--max-samples", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)

@@ -193,8 +193,10 @@ def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
     }.items():
         assert built[case]["error"].startswith("InvalidInputError: ") and fragment in built[case]["error"], built[case]
         assert not built[case]["stock_started"] and built[case]["seconds"] < 1.0, built[case]  # before any load
-    # a hub-id-shaped name is left to transformers (offline here: it cannot find it)
-    assert not built["hub id"]["error"].startswith("InvalidInputError"), built["hub id"]
+    # a hub-id-shaped name: offline here (tox sets HF_HUB_OFFLINE=1) and not in the hub cache, named at once
+    hub = built["hub id"]
+    assert hub["error"].startswith("InvalidInputError: model path 'speculators-compat-test/no-such-model'"), hub
+    assert "HF_HUB_OFFLINE=1" in hub["error"] and not hub["stock_started"] and hub["seconds"] < 1.0, hub
 
 
 def self_check_expected() -> bool:
@@ -663,14 +665,27 @@ def test_kimi_k25_base_model_path_matches_the_real_vllm_classes():
     assert path == where and base is want
 
 
-@suite_is("full")
-def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
+def _stock_env(**extra) -> dict:
+    # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
+    env = {k: v for k, v in os.environ.items() if (not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD")
+           and k != "PYTHONPATH"}
+    # spawned workers, as on a GPU node: each re-imports the script as __mp_main__
+    env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_WORKER_MULTIPROC_METHOD="spawn", **extra)
+    return env
+
+
+#: the line guard-input logs for the stock script's default --tensor-parallel-size on a CPU
+TP_DEFAULT_LINE = "tensor_parallel_size 0 (speculators' default, torch.accelerator.device_count(), on a machine " \
+                  "without an accelerator): running with 1"
+
+
+@pytest.fixture(scope="module")
+def stock_run(model, tmp_path_factory):
+    """The stock script through the runner, with its default --tensor-parallel-size (0 on a CPU)."""
     import random
 
-    import torch
-
-    from speculators_compat.testing import tiny
-
+    tmp_path = tmp_path_factory.mktemp("stock-run")
     rng = random.Random(7)
     lengths = [1, 5, 40, 120, 300, 2100] + [rng.randint(2, 200) for _ in range(14)]
     samples = []
@@ -679,33 +694,83 @@ def test_runner_runs_a_stock_script_unchanged(model, tmp_path):
         samples.append({"input_ids": ids, "loss_mask": [int(i > n // 2) for i in range(n)]})
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(s) for s in samples) + "\n")
-    # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
+    args = ["--target-model-path", model, "--train-data-path", str(data), "--layer-ids", "0", "2", "5", "7"]
     # the script sleeps 0.5 s after each batch: the end line counts it between the calls
-    env.update(SPECULATORS_COMPAT_DTYPE="float32", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-               SPECULATORS_DATAGEN_DELAY="0.5")
-    cmd = [
-        sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"),
-        "--target-model-path", model, "--train-data-path", str(data),
-        "--output-dir", str(tmp_path / "out"), "--layer-ids", "0", "2", "5", "7",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    cmd = [sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"), *args,
+           "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, env=_stock_env(SPECULATORS_DATAGEN_DELAY="0.5"), capture_output=True, text=True,
+                          timeout=900, cwd=tmp_path)
+    return {"proc": proc, "samples": samples, "args": args, "out": tmp_path / "out"}
+
+
+def _same_data(got: Path, want: Path, count: int) -> None:
+    import torch
+
+    assert sorted(p.name for p in got.glob("data_*.pt")) == sorted(f"data_{i}.pt" for i in range(count))
+    assert (got / "data_config.json").exists()
+    for i in range(count):
+        a, b = torch.load(got / f"data_{i}.pt"), torch.load(want / f"data_{i}.pt")
+        assert a["input_ids"].tolist() == b["input_ids"].tolist() and a["loss_mask"].tolist() == b["loss_mask"].tolist()
+        assert [h.shape for h in a["hidden_states"]] == [h.shape for h in b["hidden_states"]]
+        worst = max((x - y).abs().max().item() for x, y in zip(a["hidden_states"], b["hidden_states"]))
+        assert worst <= 1e-6, f"data_{i}.pt: states differ by {worst:.3g}"
+
+
+@suite_is("full")
+def test_runner_runs_a_stock_script_unchanged(model, stock_run):
+    import torch
+
+    from speculators_compat.testing import tiny
+
+    proc, samples, out = stock_run["proc"], stock_run["samples"], stock_run["out"]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
     assert f"saved {len(samples)} files" in proc.stdout
+    # the script's default --tensor-parallel-size on a CPU: 0, taken as 1 with one line
+    assert (proc.stdout + proc.stderr).count(TP_DEFAULT_LINE) == 1, (proc.stdout + proc.stderr)[-3000:]
     end = re.search(r"run: 3 generate\(\) calls, (\d+) tokens, [\d.]+ s \(\d+ tokens/s\); ([\d.]+) s between the calls",
                     proc.stdout + proc.stderr)
     assert end, (proc.stdout + proc.stderr)[-3000:]
+    lengths = [len(s["input_ids"]) for s in samples]
     assert int(end.group(1)) == sum(min(n, 2047) for n in lengths)
     assert 1.0 <= float(end.group(2)) < 60, end.group(0)  # two gaps of at least the script's 0.5 s sleep
     for i, sample in enumerate(samples):
-        saved = torch.load(tmp_path / "out" / f"data_{i}.pt")
+        saved = torch.load(out / f"data_{i}.pt")
         n = min(len(sample["input_ids"]), 2047)
         assert saved["input_ids"].tolist() == sample["input_ids"][:n]
         assert [tuple(h.shape) for h in saved["hidden_states"]] == [(n, 128)] * 4
         assert saved["loss_mask"].tolist() == sample["loss_mask"][:n]
     ref = tiny.hf_reference(model, samples[3]["input_ids"], [0, 2, 5, 7])
-    saved = torch.load(tmp_path / "out" / "data_3.pt")
+    saved = torch.load(out / "data_3.pt")
     assert max((a - b).abs().max().item() for a, b in zip(saved["hidden_states"], ref)) <= 1e-4
+
+
+#: the README's way without the runner: ``import speculators_compat`` first, then the script
+IMPORT_FIRST = """import speculators_compat  # first: nothing else
+import runpy
+import sys
+
+sys.argv = {argv!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@suite_is("full")
+def test_import_first_runs_the_stock_script_without_the_runner(stock_run, tmp_path):
+    """``import speculators_compat`` first, then the stock script, no runner (no PYTHONPATH set),
+    workers spawned: on transformers 5 their re-import of the script's top-level ``import
+    speculators`` fails unless the import armed them. The data equals the runner's."""
+    assert stock_run["proc"].returncode == 0, stock_run["proc"].stderr[-3000:]
+    argv = [str(HERE / "stock_datagen.py"), *stock_run["args"], "--output-dir", str(tmp_path / "out")]
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(IMPORT_FIRST.format(argv=argv))
+    proc = subprocess.run([sys.executable, str(wrapper)], env=_stock_env(), capture_output=True, text=True,
+                          timeout=900, cwd=tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    assert f"saved {len(stock_run['samples'])} files" in proc.stdout
+    assert log.count(TP_DEFAULT_LINE) == 1, log[-3000:]
+    assert "PydanticUndefinedAnnotation" not in log
+    _same_data(tmp_path / "out", stock_run["out"], len(stock_run["samples"]))
 
 
 @suite_is("full")
@@ -858,3 +923,57 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     want = expected_applied()
     if want is not None:
         assert set(result["applied"]) == want
+
+
+#: speculators 0.3.0's own offline script (not in its wheel): the README's first run fetches it from here
+STOCK_SCRIPT_URL = "https://raw.githubusercontent.com/vllm-project/speculators/v0.3.0/scripts/data_generation_offline.py"
+
+
+def _readme_first_run() -> list[str]:
+    """The shell lines of the README's first-run block (continuations joined)."""
+    text = (HERE.parent / "README.md").read_text()
+    block = text.split("<!-- first-run", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _stock_script(dest: Path) -> bool:
+    """speculators 0.3.0's data_generation_offline.py at ``dest``: SPECULATORS_COMPAT_REAL_DATAGEN, else
+    fetched from the README's address; False when neither is possible (no network)."""
+    import shutil
+    import urllib.request
+
+    real = os.environ.get("SPECULATORS_COMPAT_REAL_DATAGEN")
+    if real:
+        shutil.copyfile(real, dest)
+        return True
+    try:
+        with urllib.request.urlopen(STOCK_SCRIPT_URL, timeout=30) as response:
+            dest.write_bytes(response.read())
+    except OSError:
+        return False
+    return True
+
+
+@suite_is("full")
+@pytest.mark.skipif(SPEC04 or (ENV is not None and ENV.name != "vllm016"),
+                    reason="the README's first run: speculators 0.3.0 in the demo's environment (vLLM 0.16)")
+def test_the_readme_first_run_works_as_written(tmp_path):
+    """The README's first run, line by line, in this environment (the demo's stands for it here:
+    its `activate` line is left out): a fresh tiny model, the stock script through the runner,
+    then verify says complete."""
+    lines = _readme_first_run()
+    assert lines[0].startswith(". .tox/demo/bin/activate") and any(STOCK_SCRIPT_URL in ln for ln in lines), lines
+    if not _stock_script(tmp_path / "data_generation_offline.py"):
+        pytest.skip(f"speculators 0.3.0's script: no SPECULATORS_COMPAT_REAL_DATAGEN and {STOCK_SCRIPT_URL} unreachable")
+    env = _stock_env(HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    outputs = []
+    for line in lines[1:]:
+        if line.startswith("curl "):
+            continue  # fetched above
+        proc = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=900,
+                              cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, (line, proc.stdout[-2000:], proc.stderr[-5000:])
+        outputs.append(proc.stdout + proc.stderr)
+    assert outputs[-1].rstrip().endswith("complete: yes"), outputs[-1][-2000:]
+    assert sorted(p.name for p in (tmp_path / "out").glob("data_*.pt")) == ["data_0.pt", "data_1.pt"]
+    assert TP_DEFAULT_LINE in outputs[-2]  # the script's default --tensor-parallel-size on a CPU

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -83,9 +84,63 @@ def test_a_relative_and_a_home_path_are_checked(tmp_path, monkeypatch):
     assert path == str(folder) and config == {"num_hidden_layers": 4}  # expanded: transformers would not
 
 
-def test_a_hub_id_is_left_to_transformers(tmp_path, monkeypatch):
+def online(monkeypatch):
+    for var in guard_input.OFFLINE_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_a_hub_id_is_left_to_transformers(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
-    assert guard_input.check_model_path("org/name") == ("org/name", None)
+    online(monkeypatch)
+    with caplog.at_level("INFO", logger="speculators_compat"):
+        assert guard_input.check_model_path("org/name") == ("org/name", None)
+        assert guard_input.check_model_path("gpt2") == ("gpt2", None)
+    # one line, at once, for the path-shaped one only: it may have been meant as a folder
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"model 'org/name': no local folder {tmp_path / 'org' / 'name'} exists; trying it as a "
+                     "Hugging Face hub id"]
+
+
+@pytest.mark.parametrize("var", guard_input.OFFLINE_VARS)
+@pytest.mark.parametrize("path", ["org/name", "gpt2"])
+def test_offline_a_hub_id_not_in_the_cache_is_named_at_once(tmp_path, monkeypatch, var, path):
+    monkeypatch.chdir(tmp_path)
+    online(monkeypatch)
+    monkeypatch.setenv(var, "1")
+    asked = []
+    monkeypatch.setattr(guard_input, "hub_cached", lambda repo: asked.append(repo) or False)
+    with pytest.raises(InvalidInputError) as err:
+        guard_input.check_model_path(path)
+    message = str(err.value)
+    assert f"model path {path!r}: no local folder {tmp_path / path} exists" in message
+    assert f"not in the local hub cache while {var}=1" in message and asked == [path]
+    monkeypatch.setattr(guard_input, "hub_cached", lambda repo: True)  # downloaded before: offline works
+    assert guard_input.check_model_path(path) == (path, None)
+    monkeypatch.setenv(var, "0")
+    monkeypatch.setattr(guard_input, "hub_cached", lambda repo: False)
+    assert guard_input.check_model_path(path) == (path, None)  # online: transformers looks it up
+
+
+def test_the_hub_cache_is_read_as_an_offline_load_reads_it(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants
+
+    snapshot = tmp_path / "models--org--cached" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "models--org--cached" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert guard_input.hub_cached("org/cached") and not guard_input.hub_cached("org/other")
+
+
+@pytest.mark.parametrize("path", ["/nonexistent/model", "./model", "../no-such-model", "~/no-such-model"])
+def test_a_missing_absolute_dot_or_home_path_is_named_online_too(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    online(monkeypatch)
+    with pytest.raises(InvalidInputError, match=rf"model path {re.escape(repr(path))}.* does not exist"):
+        guard_input.check_model_path(path)
 
 
 @pytest.mark.parametrize("config, message", [
@@ -195,6 +250,7 @@ def test_the_constructor_refuses_before_anything_loads(tmp_path):
 
 def test_a_hub_model_is_checked_against_the_config_the_constructor_loads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    online(monkeypatch)  # a hub id offline and not in the hub cache is refused before (see above)
     stock = Constructor(32)
     with pytest.raises(InvalidInputError, match=r"layer id 32 out of bounds \[0, 31\]: the model has 32 decoder layers"):
         construct(stock, "org/model", [0, 32])
@@ -482,3 +538,47 @@ def test_a_worker_of_the_runner_leaves_ctrl_c_to_it(parent_is_runner):
     finally:
         del os.environ["SPECULATORS_COMPAT_RUNNER"]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+class TPStock:
+    """The stock constructor's signature (speculators 0.3.0), recording the size it was given."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def __call__(self, model_path, layer_ids=None, max_model_len=2048, gpu_memory_utilization=0.8,
+                 tensor_parallel_size=1):
+        self.sizes.append(tensor_parallel_size)
+
+
+@pytest.mark.parametrize("given, devices, used", [(0, 0, 1), (1, 0, 1), (2, 0, 2), (4, 8, 4), (None, 0, 1)])
+def test_a_tensor_parallel_size_of_0_without_an_accelerator_is_taken_as_1(tmp_path, monkeypatch, caplog, given,
+                                                                            devices, used):
+    folder = model_folder(tmp_path, {"num_hidden_layers": 8})
+    monkeypatch.setattr(guard_input, "accelerators", lambda: devices)
+    stock = TPStock()
+    kwargs = {} if given is None else {"tensor_parallel_size": given}
+    with caplog.at_level("WARNING", logger="speculators_compat"):
+        construct(stock, model_path=str(folder), **kwargs)
+    assert stock.sizes == [used]
+    warned = [r.getMessage() for r in caplog.records if "tensor_parallel_size" in r.getMessage()]
+    assert len(warned) == (1 if given == 0 else 0), warned
+    if given == 0:
+        assert "without an accelerator" in warned[0] and "running with 1" in warned[0]
+
+
+@pytest.mark.parametrize("given, devices, message", [
+    (0, 2, r"tensor_parallel_size 0: expected an int >= 1 \(this machine has 2 accelerator"),
+    (-1, 0, r"tensor_parallel_size -1: expected an int >= 1"),
+    (1.0, 0, r"tensor_parallel_size 1.0 \(float\): expected an int >= 1"),
+    ("2", 0, r"tensor_parallel_size '2' \(str\)"),
+    (True, 0, r"tensor_parallel_size True \(bool\)"),
+])
+def test_an_invalid_tensor_parallel_size_is_named_before_the_engine_starts(tmp_path, monkeypatch, given, devices,
+                                                                          message):
+    folder = model_folder(tmp_path, {"num_hidden_layers": 8})
+    monkeypatch.setattr(guard_input, "accelerators", lambda: devices)
+    stock = TPStock()
+    with pytest.raises(InvalidInputError, match=message):
+        construct(stock, str(folder), None, 2048, 0.8, given)  # positionally, as well
+    assert stock.sizes == []

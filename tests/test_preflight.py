@@ -37,9 +37,9 @@ t = time.perf_counter()
 try:  # on transformers v5 an import-time patch may refuse at the import already
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
     VllmHiddenStatesGenerator(str(path), layer_ids=[0, 2], max_model_len=512)
-except speculators_compat.IncompatibleVllmError as exc:
+except (speculators_compat.IncompatibleVllmError, speculators_compat.ConfigurationError) as exc:
     print("REFUSED", round(time.perf_counter() - t, 3), "children", len(multiprocessing.active_children()))
-    print(exc)
+    print(type(exc).__name__, exc)
 else:
     print("STARTED")
 """
@@ -105,7 +105,7 @@ def test_a_stock_call_that_would_not_bind_is_refused(tmp_path):
 def test_a_misspelt_disabled_id_is_refused_naming_the_known_ids(tmp_path):
     """A typo in SPECULATORS_COMPAT_DISABLE would leave on what the user meant to turn off."""
     out = run(tmp_path, disable="v5,bogus-id")
-    assert "SPECULATORS_COMPAT_DISABLE names no patch: bogus-id. Known ids: " in out
+    assert "ConfigurationError SPECULATORS_COMPAT_DISABLE names no patch: bogus-id. Known ids: " in out
     assert "guard-input" in out.split("Known ids: ", 1)[1]
 
 

@@ -356,13 +356,98 @@ def test_a_process_spawned_from_a_runner_script_imports_the_script_with_the_hook
 
 
 def test_the_start_up_hook_runs_a_shadowed_sitecustomize(tmp_path):
-    from speculators_compat import run
+    from speculators_compat import children
 
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE'] = 'ran'\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([run.BOOTSTRAP, str(other)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([children.BOOTSTRAP, str(other)]))
     out = subprocess.run([sys.executable, "-c", "import os, sys; print('speculators_compat' in sys.modules, "
                           "os.environ.get('OTHER_SITECUSTOMIZE'))"], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path, env=env)
     assert out.stdout.split() == ["True", "ran"], out.stderr[-2000:]
+
+
+SPAWNER = '''
+import os, sys
+ARMED = "speculators_compat" in sys.modules  # what a top-level "import speculators" would find
+
+
+def child(queue):
+    import __main__
+    queue.put((__main__.ARMED, os.environ.get("OTHER")))
+
+
+if __name__ == "__main__":
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # as vLLM starts its workers
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    armed, other = queue.get(timeout=120)
+    print("child armed:", armed)
+    print("child sitecustomize:", other)
+    proc.join()
+'''
+
+IMPORT_FIRST = '''
+import os, runpy, sys
+import speculators_compat
+if sys.argv[1] == "revert":
+    speculators_compat.revert()
+print("PYTHONPATH:", os.environ.get("PYTHONPATH"))
+sys.argv = [sys.argv[2]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@pytest.mark.parametrize("revert", [False, True])
+def test_import_first_arms_the_processes_multiprocessing_spawns(tmp_path, revert):
+    """``import speculators_compat`` first, then the script (no runner): a spawned child re-imports
+    the script with the hooks armed; a ``sitecustomize`` and the ``PYTHONPATH`` entries already
+    there are kept; ``revert()`` takes the hook off again and leaves ``PYTHONPATH`` as it was."""
+    from speculators_compat import children
+
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNER)
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(IMPORT_FIRST)
+    other = tmp_path / "other"
+    other.mkdir()
+    # the user's own sitecustomize: it must still run, in the parent and in the spawned child
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER'] = os.environ.get('OTHER', '') + 'ran'\n")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(children.__file__)))
+    before = os.pathsep.join([str(other), package_root])
+    env = dict(os.environ, PYTHONPATH=before)
+    env.pop("OTHER", None)
+    out = subprocess.run([sys.executable, str(wrapper), "revert" if revert else "keep", str(script)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    if revert:
+        assert lines["PYTHONPATH"] == before
+        assert lines["child armed"] == "False"
+    else:
+        assert lines["PYTHONPATH"] == os.pathsep.join([children.BOOTSTRAP, before])
+        assert lines["child armed"] == "True"
+    # the parent ran the user's sitecustomize ("ran", inherited), the child ran it again
+    assert lines["child sitecustomize"] == "ranran"
+
+
+def test_arm_and_disarm_keep_what_was_there(monkeypatch):
+    from speculators_compat import children
+
+    monkeypatch.setattr(children, "_added", [])
+    monkeypatch.setattr(children, "_was_set", [])
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    added = children.arm()
+    assert added[0] == children.BOOTSTRAP and os.environ["PYTHONPATH"].split(os.pathsep) == added
+    assert children.arm() == [] and children.armed()
+    children.disarm()
+    assert "PYTHONPATH" not in os.environ and not children.armed()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/a", "/b"]))
+    children.arm()
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[-2:] == ["/a", "/b"]
+    children.disarm()
+    assert os.environ["PYTHONPATH"] == os.pathsep.join(["/a", "/b"])

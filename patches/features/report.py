@@ -107,6 +107,7 @@ def shutdown(generator) -> None:
     except Exception as exc:  # report, never raise from a finalizer
         log.error("executor shutdown failed: %s: %s", type(exc).__name__, exc)
     else:
+        lifecycle.note_shutdown()  # the runner's interrupt line counts it
         if failed:  # vLLM's worker monitor had already shut it down
             log.error(
                 "executor was shut down by vLLM after a worker died: %s", lifecycle.dead_workers(executor) or "unknown worker"

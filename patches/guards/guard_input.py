@@ -8,12 +8,16 @@ local model folder that is missing reaches transformers as a hub repo id
 How: the generator's ``__init__`` and ``generate`` are wrapped:
 
 * Constructor, before anything loads (tokenizer, config, engine):
-  ``layer_ids`` must be ``None`` or a non-empty list of ints; a ``model_path`` that is local
+  ``tensor_parallel_size`` must be an int >= 1, except that 0 on a machine without an
+  accelerator (speculators' offline script defaults it to ``torch.accelerator.device_count()``)
+  is taken as 1 with a warning; ``layer_ids`` must be ``None`` or a non-empty list of ints; a ``model_path`` that is local
   -- absolute, ``./``, ``../``, ``~`` (expanded: neither transformers nor vLLM expand it), an
   existing file or folder, or not of a hub repo id's form (``name`` / ``org/name``) -- must be
   a readable folder with a readable, valid ``config.json``, else
   :class:`~speculators_compat.errors.InvalidInputError` names the path and what is missing;
-  a hub-id-shaped path that does not exist locally is left to transformers, as before.
+  a hub-id-shaped path that does not exist locally is left to transformers, with one line
+  saying so for ``org/name`` -- except offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)
+  when it is not in the hub cache: ``InvalidInputError`` at once.
   Given ``layer_ids`` must be distinct and in ``[0, L - 1]`` (negative ids are rejected, as
   the stock code does: they do not count from the end), else ``InvalidInputError`` names the
   model's layer count ``L``: read from the local ``config.json`` (``num_hidden_layers``, or
@@ -157,11 +161,53 @@ def _nearest_existing(path: str) -> str | None:
     return parent or None
 
 
+#: the variables that keep huggingface_hub / transformers off the network, and their true values
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TRUE = frozenset({"1", "on", "yes", "true"})
+
+
+def offline() -> str | None:
+    """The variable that makes this process offline (``HF_HUB_OFFLINE=1``, ...), or None."""
+    for name in OFFLINE_VARS:
+        if os.environ.get(name, "").strip().lower() in _TRUE:
+            return name
+    return None
+
+
+def hub_cached(repo_id: str) -> bool:
+    """``repo_id``'s config.json is in the local Hugging Face hub cache (what an offline load reads)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return True  # cannot tell: left to transformers
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id after all
+        return False
+
+
+def check_hub_id(model_path: str) -> None:
+    """A hub-id-shaped ``model_path`` that is no local folder: one line says it is tried as a hub
+    id (for ``org/name``, which may have been meant as a folder); offline and not in the hub cache,
+    :class:`InvalidInputError` names it at once (instead of transformers' retries)."""
+    cwd = os.getcwd()
+    if "/" in model_path:
+        log.info("model %r: no local folder %s exists; trying it as a Hugging Face hub id",
+                 model_path, os.path.join(cwd, model_path))
+    var = offline()
+    if var is not None and not hub_cached(model_path):
+        raise InvalidInputError(
+            f"model path {model_path!r}: no local folder {os.path.join(cwd, model_path)} exists, and as a Hugging "
+            f"Face hub id it is not in the local hub cache while {var}={os.environ[var]} keeps the hub off: give "
+            "the model's local folder (absolute, or relative to the working directory), or download it first")
+
+
 def check_model_path(model_path) -> tuple[str, dict | None]:
     """For a local ``model_path``: the path to use (``~`` expanded) and its parsed
     ``config.json``, or :class:`InvalidInputError` naming the path and what is missing. A hub
-    id: ``(model_path, None)``, untouched."""
+    id: ``(model_path, None)``, untouched (checked by :func:`check_hub_id`)."""
     if not is_local(model_path):
+        check_hub_id(str(model_path))
         return model_path, None
     given = os.fspath(model_path)
     path = os.path.expanduser(given)
@@ -224,7 +270,59 @@ def check_layer_ids(layer_ids: list[int], count: int, where: str) -> None:
                                 f"with the ids ({layers})")
 
 
+TP = "tensor_parallel_size"
+
+
+def accelerators() -> int:
+    """How many accelerators torch sees (0 on a CPU-only machine)."""
+    import torch
+
+    counter = getattr(getattr(torch, "accelerator", None), "device_count", None)
+    return int(counter()) if counter is not None else int(torch.cuda.device_count())
+
+
+def check_tensor_parallel_size(value, count) -> int:
+    """The tensor-parallel size to use. 0 on a machine with no accelerator (``count()`` is 0) is
+    taken as 1, with a warning: speculators' offline script defaults ``--tensor-parallel-size`` to
+    ``torch.accelerator.device_count()``, 0 on a CPU, which vLLM would divide by. Anything else
+    that is not an int >= 1 is an :class:`InvalidInputError` naming it."""
+    if not _is_int(value):
+        raise InvalidInputError(f"tensor_parallel_size {value!r} ({type(value).__name__}): expected an int >= 1, "
+                                "the number of devices to split the model over")
+    if value == 0:
+        found = count()
+        if found == 0:
+            log.warning("tensor_parallel_size 0 (speculators' default, torch.accelerator.device_count(), on a "
+                        "machine without an accelerator): running with 1")
+            return 1
+        raise InvalidInputError(f"tensor_parallel_size 0: expected an int >= 1 (this machine has {found} "
+                                f"accelerator(s); e.g. --tensor-parallel-size {found})")
+    if value < 0:
+        raise InvalidInputError(f"tensor_parallel_size {value}: expected an int >= 1, the number of devices to "
+                                "split the model over")
+    return int(value)
+
+
+def _tensor_parallel(wrapped, args, kwargs):
+    """``args, kwargs`` with the tensor-parallel size checked (and 0 taken as 1 on a CPU)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(wrapped).bind(*args, **kwargs)
+    except (TypeError, ValueError):  # the stock call fails the same way itself
+        return args, kwargs
+    if TP not in bound.arguments:
+        return args, kwargs
+    value = bound.arguments[TP]
+    checked = check_tensor_parallel_size(value, accelerators)
+    if checked is not value:
+        bound.arguments[TP] = checked
+        return bound.args, bound.kwargs
+    return args, kwargs
+
+
 def _init(wrapped, instance, args, kwargs):
+    args, kwargs = _tensor_parallel(wrapped, args, kwargs)
     layer_ids = kwargs.get("layer_ids", args[1] if len(args) > 1 else None)
     if layer_ids is not None:
         if isinstance(layer_ids, (str, bytes)) or not hasattr(layer_ids, "__iter__"):

@@ -1,6 +1,7 @@
-"""Start-up hook of the processes a ``speculators-compat run`` launch starts.
+"""Start-up hook of the processes started by a process that imported ``speculators_compat``.
 
-The runner puts this folder first on ``PYTHONPATH``, so every Python process it starts, and
+``import speculators_compat`` (and ``speculators-compat run``) puts this folder first on
+``PYTHONPATH`` (:mod:`speculators_compat.children`), so every Python process it starts, and
 every process those start, imports ``speculators_compat`` at start-up (which arms the import
 hooks; it imports neither torch nor vLLM). That matters for the processes multiprocessing
 *spawns* (vLLM's workers): a spawned child re-imports the user's script as ``__mp_main__``
@@ -30,7 +31,8 @@ def _chain() -> None:
 
 try:
     import speculators_compat  # noqa: F401  (arms the hooks)
-except ImportError as exc:  # the runner's environment was copied somewhere it is not installed
-    print(f"speculators-compat: start-up hook not armed ({exc})", file=sys.stderr)
+except ImportError as exc:  # the environment reached an interpreter where it is not installed
+    if os.environ.get("SPECULATORS_COMPAT_RUNNER"):  # said under the runner; elsewhere it is not ours
+        print(f"speculators-compat: start-up hook not armed ({exc})", file=sys.stderr)
 finally:
     _chain()

@@ -64,7 +64,12 @@ def _dtype_keyword() -> str:
     return "dtype" if found is not None and found.version >= Version("4.56") else "torch_dtype"
 
 
-def build_tokenizer(path: str | Path, vocab_size: int = 384) -> None:
+#: a minimal chat template (``<|role|>content</s>`` per message): what speculators' data
+#: preprocessing needs to find the assistant turns (``build_llama(..., chat_template=True)``)
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+
+
+def build_tokenizer(path: str | Path, vocab_size: int = 384, chat_template: bool = False) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,6 +84,8 @@ def build_tokenizer(path: str | Path, vocab_size: int = 384) -> None:
     )
     tok.train_from_iterator(_CORPUS * 4, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    if chat_template:
+        fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(path))
 
 
@@ -93,8 +100,10 @@ def build_llama(
     vocab_size: int = 512,
     max_position_embeddings: int = 4096,
     seed: int = 0,
+    chat_template: bool = False,
 ) -> Path:
-    """A random-weight Llama saved in fp32 with a locally trained tokenizer."""
+    """A random-weight Llama saved in fp32 with a locally trained tokenizer (with
+    ``chat_template``: and :data:`CHAT_TEMPLATE`, for speculators' data preprocessing)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -117,7 +126,7 @@ def build_llama(
     model = LlamaForCausalLM(config).to(torch.float32)
     randomize_final_norm(model)
     model.save_pretrained(str(path), safe_serialization=True)
-    build_tokenizer(path, vocab_size=min(vocab_size, 384))
+    build_tokenizer(path, vocab_size=min(vocab_size, 384), chat_template=chat_template)
     return path
 
 
