@@ -134,9 +134,10 @@ class Sources:
                     out.extend((node.module, alias.name) for alias in node.names)
         return out
 
-    def defines(self, module: str, name: str) -> bool:
-        """Whether ``module`` binds ``name`` at its top level (a def, class, assignment or import)."""
-        return self._binding(module, name) is not None
+    def defines(self, module: str, name: str, moves: bool = True) -> bool:
+        """Whether ``module`` binds ``name`` at its top level (a def, class, assignment or import);
+        ``moves=False``: as the sources stand, without following a declared move (:attr:`moves`)."""
+        return self._binding(module, name, moves=moves) is not None
 
     # -- names -----------------------------------------------------------------------------
     def _binding(self, module: str, name: str, depth: int = 0, moves: bool = True) -> ast.AST | None:
@@ -172,9 +173,9 @@ class Sources:
         """Where a declared move (:attr:`moves`) finds ``module.name`` now, if ``module`` itself
         does not bind it."""
         moved = self.moves.get(f"{module}.{name}")
-        if moved is None or self._binding(module, name, moves=False) is not None:
+        if moved is None or self.defines(module, name, moves=False):
             return None
-        return moved if self._binding(moved, name) is not None else None
+        return moved if self.defines(moved, name) else None
 
     def definitions(self, name: str, near: str | None = None) -> list[str]:
         """The modules of the package that define ``name`` (a ``def`` or ``class`` at top level),

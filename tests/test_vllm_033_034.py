@@ -133,5 +133,7 @@ def test_mrv2_rows_refuses_rows_it_cannot_place():
     step = mrv2.StepRows(["a", "b"], [0, 2, 5], [0, 0], ["a", "b"], padded=5)
     with pytest.raises(IncompatibleVllmError, match="cannot be placed"):
         step.stock_order(torch.zeros(4, 1))
-    with pytest.raises(IncompatibleVllmError, match="did not schedule"):
+    with pytest.raises(IncompatibleVllmError, match="cannot be placed by request"):
         mrv2.StepRows(["a", "x"], [0, 2, 5], [0, 0], ["a", "b"], padded=5)
+    with pytest.raises(IncompatibleVllmError, match="cannot be placed by request"):  # a scheduled one missing
+        mrv2.StepRows(["a"], [0, 2], [0], ["a", "b"], padded=2)

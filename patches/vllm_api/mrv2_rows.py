@@ -92,11 +92,11 @@ class StepRows:
         for start, n in self.blocks:
             self.in_order &= start == at
             at += n
-        if len(self.blocks) != len(self.rows):
+        if set(order) != set(self.rows):
             raise IncompatibleVllmError(
-                f"[mrv2-rows] Model Runner V2 ran requests {sorted(set(self.rows) - set(order))} that the "
-                f"scheduler did not schedule in this step (vLLM {MRV2}); the rows cannot be placed. "
-                "What to do: report it with your vLLM version, or pin vLLM to a validated release.")
+                f"[mrv2-rows] Model Runner V2 ran requests {sorted(self.rows)} in a step the scheduler scheduled "
+                f"{sorted(order)} for (vLLM {MRV2}); the rows cannot be placed by request. What to do: report it "
+                "with your vLLM version, or pin vLLM to a validated release.")
 
     def stock_order(self, rows):
         """``rows`` (this step's ``[tokens, ...]`` output) in the scheduler's order, padding dropped."""

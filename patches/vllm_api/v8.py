@@ -37,10 +37,10 @@ MOVES = {f"{UTILS}.{name}": PLANNING for name in NAMES}
 def _judge(src) -> Probe:
     if not src.found:
         return Probe.unknown("vLLM's sources cannot be read")
-    here = [n for n in NAMES if src._binding(UTILS, n, moves=False) is not None]
+    here = [n for n in NAMES if src.defines(UTILS, n, moves=False)]
     if len(here) == len(NAMES):
         return Probe.old(f"{UTILS} defines {', '.join(NAMES)}")
-    there = [n for n in NAMES if src._binding(PLANNING, n, moves=False) is not None]
+    there = [n for n in NAMES if src.defines(PLANNING, n, moves=False)]
     if len(here) + len(there) == len(NAMES) and there:
         return Probe.new(f"{', '.join(there)} moved from {UTILS} to {PLANNING}")
     from speculators_compat.inventory import where_now
