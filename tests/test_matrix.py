@@ -87,4 +87,5 @@ def test_check_guards_every_generated_file():
     data, envs = matrix.load()
     requirements = {e.requirements for e in envs}
     requirements |= {matrix.os.path.join(matrix.REQUIREMENTS, f"overrides-torch-{t}.txt") for t in data["torch"]}
-    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC, matrix.SUPPORTED} | requirements
+    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC, matrix.SUPPORTED,
+                                     matrix.README} | requirements
