@@ -97,3 +97,13 @@ def test_check_constraints_prints_pins_and_a_refusal_names_the_flag(tmp_path, ve
     if refused.returncode == 1:
         assert "check --constraints" in refused.stdout
         assert "nearest validated set" in refused.stdout and first in refused.stdout
+
+
+def test_the_generators_refusal_names_the_flag():
+    from speculators_compat import hooks
+    from speculators_compat.registry import Cause, Decision, Status
+
+    patch = next(p for p in hooks.patches() if p.id == "validated-release")
+    message = hooks.refusal_message([Decision(patch, Status.REFUSED, "[validated-release] no run", Cause.NOT_VALIDATED)])
+    assert message.startswith("speculators_compat refuses to run: [validated-release] no run | ")
+    assert "python -m speculators_compat.check --constraints" in message
