@@ -204,25 +204,36 @@ def _validated(runs: list[dict], vllm: str, speculators: str, transformers: str)
     return None
 
 
-def _covered(runs: list[dict], vllm: str, speculators: str, transformers: str) -> str | None:
-    """Why the generator would accept the set without a run of it (None: it would refuse): the
-    release that covers the vLLM line on this transformers major (as the check finds it), and a run
-    on this transformers ``major.minor``, not newer (the line the transformers patches were validated on)."""
+def _covered(runs: list[dict], vllm: str, speculators: str, transformers: str) -> tuple[str | None, str]:
+    """Whether the generator would accept the set without a run of it, as the check decides:
+    ``(why, "")`` when it would, ``(None, what is missing)`` when not. Accepted where a validated
+    release covers the vLLM line on this transformers major, and every transformers-gated patch
+    its runs applied was applied by some run on this transformers ``major.minor`` (not newer)."""
     from packaging.version import Version
 
-    from speculators_compat import validation
+    from speculators_compat import hooks, validation
 
     t = Version(transformers)
     mine = [r for r in runs if _line(Version(r["speculators"])) == _line(Version(speculators))]
     release = validation.evidence(Version(speculators), validation.table({"runs": mine})).covering(
         Version(Version(vllm).base_version), t)
-    same = [r for r in mine if r.get("transformers") and _line(Version(r["transformers"])) == _line(t)
-            and Version(r["transformers"]) <= t]
-    if release is None or not same:
-        return None
-    tf_run = max(same, key=lambda r: (Version(r["transformers"]), r.get("date", "")))
-    return (f"vLLM {release.vllm} validated on transformers {', '.join(release.transformers)}; transformers "
-            f"{tf_run['transformers']} by {tf_run.get('env') or 'vLLM ' + tf_run['vllm']}")
+    if release is None:
+        return None, f"no validated release of the {_line(Version(vllm))[0]}.{_line(Version(vllm))[1]} line " \
+                     f"on transformers {t.major}"
+    gated = {p.id for p in hooks.patches() if "transformers" in p.depends_on}
+    needed = {pid for r in mine if r["vllm"] == release.vllm and r.get("transformers")
+              and Version(r["transformers"]).major == t.major for pid in r["applied"]} & gated
+
+    def on_line(r):
+        return r.get("transformers") and _line(Version(r["transformers"])) == _line(t) and Version(r["transformers"]) <= t
+
+    missing = sorted(pid for pid in needed if not any(pid in r["applied"] and on_line(r) for r in mine))
+    if missing:
+        return None, f"{', '.join(missing)} never ran on transformers {t.major}.{t.minor}"
+    by = max((r for r in mine if on_line(r)), key=lambda r: (Version(r["transformers"]), r.get("date", "")),
+             default=None)
+    tf = f"; transformers {by['transformers']} by {by.get('env') or 'vLLM ' + by['vllm']}" if by and needed else ""
+    return f"vLLM {release.vllm} validated on transformers {', '.join(release.transformers)}{tf}", ""
 
 
 def env_name(vllm: str, speculators: str, transformers: str) -> str:
@@ -282,20 +293,26 @@ def rows(index: str | None, envs: list, torch_pins: dict, runs: list[dict], jobs
             row.status, row.why = "error", got["error"]
             continue
         row.transformers, row.torch = got.get("transformers", ""), got.get("torch", "")
-        run = _validated(runs, row.vllm, row.speculators, row.transformers) if row.transformers else None
+        if not row.transformers:
+            row.status, row.why = "error", "the resolution holds no transformers"
+            continue
+        run = _validated(runs, row.vllm, row.speculators, row.transformers)
         entry = next((e for e in envs if e.vllm == row.vllm and e.speculators == row.speculators
                       and e.transformers.lstrip("=") == row.transformers), None)
         if run is not None:
             row.status, row.env = "validated", run.get("env", "")
             row.why = f"run {run.get('date', '?')}, transformers {run['transformers']}"
-        elif (why := _covered(runs, row.vllm, row.speculators, row.transformers)) is not None:
+            continue
+        why, missing = _covered(runs, row.vllm, row.speculators, row.transformers)
+        if why is not None:
             row.status, row.env, row.why = "covered", entry.name if entry else "", why
         elif entry is not None:
             row.status, row.env = "refused", entry.name
-            row.why = f"not recorded yet: SPECULATORS_COMPAT_RECORD=DIR tox -e {entry.name}; matrix.py record DIR"
+            row.why = (f"{missing}; not recorded yet: SPECULATORS_COMPAT_RECORD=DIR tox -e {entry.name}, "
+                       "matrix.py record DIR")
         else:
             row.status, row.env = "new", env_name(row.vllm, row.speculators, row.transformers)
-            row.why = f"transformers {row.transformers} is in no matrix entry of vLLM {row.vllm}"
+            row.why = f"{missing}; no matrix entry runs transformers {row.transformers} on vLLM {row.vllm}"
     newest_cpu = max(cpu, default=None)
     cuda_lines = gpu if any(e.speculators.startswith("0.3.") for e in envs) else []
     for line in sorted({_line(v) for v in cuda_lines if newest_cpu is None or v > newest_cpu}):

@@ -78,7 +78,7 @@ def _index(root, packages):
 def _record(folder, env, transformers, table_path, vllm="0.25.1"):
     run = {"env": env, "vllm": vllm, "vllm_version": vllm, "speculators": "0.3.0", "platform": "cpu",
            "transformers": transformers, "transformers_line": "5", "torch": "2.11.0",
-           "models": ["deepseek_v3", "llama", "qwen3"], "tp": [1], "applied": ["validated-release"]}
+           "models": ["deepseek_v3", "llama", "qwen3"], "tp": [1], "applied": ["tf5-config-torch", "validated-release"]}
     matrix.merge([matrix.write_run(str(folder), run)], str(table_path))
 
 
@@ -137,6 +137,24 @@ def test_a_new_transformers_release_becomes_a_matrix_entry_then_a_record(fake, c
         ("covered", "vllm0240-tf525", "5.25.0"), ("validated", "vllm0251-tf525", "5.25.0")]
     assert "transformers 5.25.0 by vllm0251-tf525" in rows[0].why and added == []
     assert _refresh(table, validated, index, dry_run=True, strict=True) == 0
+
+
+def test_covered_is_what_the_check_accepts_every_transformers_gated_patch_validated_on_the_line():
+    def run(vllm, tf, applied):
+        return {"vllm": vllm, "speculators": "0.3.0", "platform": "cpu", "transformers": tf, "env": f"e{vllm}",
+                "applied": ["validated-release", *applied], "models": ["llama", "qwen3"]}
+
+    runs = [run("0.21.0", "5.24.0", ["tf5-attn-mask-utils", "tf5-config-torch"]),
+            run("0.25.1", "5.25.0", ["tf5-config-torch"]), run("0.16.0", "4.57.6", [])]
+    # 0.21.0 needs tf5-attn-mask-utils, which no run applied on transformers 5.25
+    assert refresh._covered(runs, "0.21.0", "0.3.0", "5.25.0") == (
+        None, "tf5-attn-mask-utils never ran on transformers 5.25")
+    why, _ = refresh._covered(runs, "0.21.0", "0.3.0", "5.24.1")  # a later patch release of a validated line
+    assert why.startswith("vLLM 0.21.0 validated on transformers 5.24.0; transformers 5.24.0 by e0.21.0")
+    assert refresh._covered(runs, "0.22.0", "0.3.0", "5.25.0")[0] is None  # the 0.22 line: no run
+    assert refresh._covered(runs, "0.25.1", "0.3.0", "4.57.6")[0] is None  # no run of 0.25 on transformers 4
+    assert refresh._covered(runs, "0.16.0", "0.3.0", "4.57.6")[0] == "vLLM 0.16.0 validated on transformers 4.57.6"
+    assert refresh._covered(runs, "0.16.0", "0.4.0.1", "4.57.6")[0] is None  # another speculators line
 
 
 def test_a_vllm_release_without_a_cpu_build_is_named_for_the_gpu_run(fake):
