@@ -208,7 +208,8 @@ def _covered(runs: list[dict], vllm: str, speculators: str, transformers: str) -
     """Whether the generator would accept the set without a run of it, as the check decides:
     ``(why, "")`` when it would, ``(None, what is missing)`` when not. Accepted where a validated
     release covers the vLLM line on this transformers major, and every transformers-gated patch
-    its runs applied was applied by some run on this transformers ``major.minor`` (not newer)."""
+    its runs applied was applied by some run on this transformers ``major.minor`` (not newer), or
+    -- its delta depending on transformers alone -- a run on that line found it not needed."""
     from packaging.version import Version
 
     from speculators_compat import hooks, validation
@@ -227,7 +228,12 @@ def _covered(runs: list[dict], vllm: str, speculators: str, transformers: str) -
     def on_line(r):
         return r.get("transformers") and _line(Version(r["transformers"])) == _line(t) and Version(r["transformers"]) <= t
 
-    missing = sorted(pid for pid in needed if not any(pid in r["applied"] and on_line(r) for r in mine))
+    # a patch whose delta depends on transformers alone that a run on this transformers line did not
+    # apply is not needed on it (a recording run applies every patch whose delta it finds)
+    alone = {p.id for p in hooks.patches() if tuple(p.depends_on) == ("transformers",)}
+    line_run = any(on_line(r) for r in mine)
+    missing = sorted(pid for pid in needed if not any(pid in r["applied"] and on_line(r) for r in mine)
+                     and not (pid in alone and line_run))
     if missing:
         return None, f"{', '.join(missing)} never ran on transformers {t.major}.{t.minor}"
     by = max((r for r in mine if on_line(r)), key=lambda r: (Version(r["transformers"]), r.get("date", "")),

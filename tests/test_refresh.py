@@ -146,9 +146,13 @@ def test_covered_is_what_the_check_accepts_every_transformers_gated_patch_valida
 
     runs = [run("0.21.0", "5.24.0", ["tf5-attn-mask-utils", "tf5-config-torch"]),
             run("0.25.1", "5.25.0", ["tf5-config-torch"]), run("0.16.0", "4.57.6", [])]
-    # 0.21.0 needs tf5-attn-mask-utils, which no run applied on transformers 5.25
-    assert refresh._covered(runs, "0.21.0", "0.3.0", "5.25.0") == (
-        None, "tf5-attn-mask-utils never ran on transformers 5.25")
+    # 0.21.0's runs (5.24) applied tf5-attn-mask-utils; the 5.25 run did not: its delta (transformers
+    # alone) is absent from 5.25, as the check finds it there
+    why, _ = refresh._covered(runs, "0.21.0", "0.3.0", "5.25.0")
+    assert why == "vLLM 0.21.0 validated on transformers 5.24.0; transformers 5.25.0 by e0.25.1"
+    # no run on 5.26 at all
+    assert refresh._covered(runs, "0.21.0", "0.3.0", "5.26.0") == (
+        None, "tf5-attn-mask-utils, tf5-config-torch never ran on transformers 5.26")
     why, _ = refresh._covered(runs, "0.21.0", "0.3.0", "5.24.1")  # a later patch release of a validated line
     assert why.startswith("vLLM 0.21.0 validated on transformers 5.24.0; transformers 5.24.0 by e0.21.0")
     assert refresh._covered(runs, "0.22.0", "0.3.0", "5.25.0")[0] is None  # the 0.22 line: no run
