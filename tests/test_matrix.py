@@ -73,11 +73,19 @@ def test_the_workflow_is_one_job_template_over_every_environment():
     for env in envs:  # each environment's cache is keyed by the files that pin what it installs
         assert f"pins: tests/requirements/{env.name}.txt, overrides: tests/requirements/overrides-torch-{env.torch}.txt" in workflow
     assert "key: uv-${{ matrix.env }}-${{ hashFiles(matrix.pins, matrix.overrides) }}" in workflow
-    assert workflow.count("runs-on:") == 2  # the template, and the weekly check of the newest releases
+    assert workflow.count("runs-on:") == 3  # the template, the weekly check of the newest wheels, refresh
+    # weekly: the newest vllm (CUDA) wheel read statically; every covered line resolved, per speculators line
+    assert "- {package: vllm, python: " in workflow and "check --vllm-root /tmp/vllm" in workflow
+    assert "python tests/unpack_wheel.py /tmp/wheel/*.whl /tmp/vllm" in workflow
+    assert "python tests/matrix.py refresh --dry-run --strict --speculators ${{ matrix.speculators }}" in workflow
+    for spec in ("0.3", "0.4"):
+        mine = [e for e in envs if e.speculators.startswith(spec + ".")]
+        assert f'- {{speculators: "{spec}", lines: "{matrix._lines_text(mine)}"}}' in workflow
 
 
 def test_check_guards_every_generated_file():
     data, envs = matrix.load()
     requirements = {e.requirements for e in envs}
     requirements |= {matrix.os.path.join(matrix.REQUIREMENTS, f"overrides-torch-{t}.txt") for t in data["torch"]}
-    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC, matrix.SUPPORTED} | requirements
+    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC, matrix.SUPPORTED,
+                                     matrix.README} | requirements

