@@ -13,6 +13,12 @@ The private modules hold what several patches use: ``_probes`` (helpers for prob
 and ``guard-input`` share). Importing this package imports neither torch nor vLLM.
 """
 
+from speculators_compat.targets import GENERATOR, WORKER
+
+#: what ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` needs applied on each target (the driver's
+#: check and the workers' reference), or the target's entry point refuses
+UNVALIDATED_REQUIRES = {GENERATOR: ("self-check",), WORKER: ("self-check-reference",)}
+
 #: the groups, in the order ties are broken (see above)
 GROUPS = (
     "preflight",  # refusals before the executor starts: validated release, API shapes, stock calls

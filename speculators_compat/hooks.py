@@ -177,7 +177,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
         out.append(decision)
     refused = [d for d in out if d.status is Status.REFUSED]
     message = refusal_message(refused) if refused else ""
-    opt_in = [d for d in out if d.patch.id in targets.UNVALIDATED_REQUIRES.get(name, ())
+    opt_in = [d for d in out if d.patch.id in _unvalidated_requires(name)
               and d.status is not Status.APPLIES] if ctx.unvalidated and ctx.record is None else []
     if opt_in:  # the self-check opt-in without the self-check would run an unvalidated release blind
         message = " | ".join(filter(None, [message or "speculators_compat refuses to run", *(
@@ -199,6 +199,17 @@ def apply_module(module: ModuleType) -> list[Decision]:
 
         raise IncompatibleVllmError(refusal_message(refused))
     return out
+
+
+def _unvalidated_requires(target: str) -> tuple[str, ...]:
+    """The patches the patch set requires on ``target`` under the self-check opt-in (its
+    ``UNVALIDATED_REQUIRES``; none for a registry given as a list)."""
+    source = _state.source
+    if not isinstance(source, str):
+        return ()
+    import importlib
+
+    return tuple(getattr(importlib.import_module(source), targets.UNVALIDATED_REQUIRES, {}).get(target, ()))
 
 
 def refusal_message(refused: list[Decision]) -> str:

@@ -20,9 +20,10 @@ ENTRY_POINTS = {
 #: patch there fails that import with the refusal (instead of the foreign traceback that follows)
 REFUSE_AT_IMPORT = frozenset({SPECULATORS_UTILS, SPECULATORS_CONFIG})
 
-#: under ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` on a release no validation run covers, the
-#: patches that must apply on each target, or its entry point refuses
-UNVALIDATED_REQUIRES = {GENERATOR: ("self-check",), WORKER: ("self-check-reference",)}
+#: the attribute of a patch set package (``{target: (patch id, ...)}``) naming the patches that must
+#: apply on each target under ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` on a release no
+#: validation run covers, or its entry point refuses (the engine names no patch)
+UNVALIDATED_REQUIRES = "UNVALIDATED_REQUIRES"
 
 __all__ = ["GENERATOR", "WORKER", "SPECULATORS_CONFIG", "SPECULATORS_UTILS", "ENTRY_POINTS", "REFUSE_AT_IMPORT",
            "UNVALIDATED_REQUIRES"]
