@@ -530,49 +530,126 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
 # -- discovery, documentation --------------------------------------------------------------------
 
 
-#: the order the patches of each target apply in (it was the integer priorities' order until
-#: pipelined-steps, whose proxy must sit inside v5's, moved v5 -- and stock-calls, which binds the
-#: calls as every repair edited them -- after the CPU and option patches, which wrap other names;
-#: a new patch takes its place here)
-APPLY_ORDER = {
-    GENERATOR: [
-        "validated-release", "api-inventory", "spawn-workers", "v1", "v1-prefix-caching", "v1-chunked-prefill",
-        "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
-        "dtype", "cpu-block-size", "driver-threads", "pipelined-steps", "v5", "stock-calls", "s04-scheduler-loop",
-        "s04-result-order", "results-in-place", "guard-output", "self-check", "guard-input", "atomic-save", "report",
-        "worker-death",
-    ],
-    WORKER: [
-        "v3", "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing",
-        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport",
-        "self-check-reference",
-    ],
-    SPECULATORS_UTILS: [
-        "tf5-config-torch",
-    ],
-    SPECULATORS_CONFIG: [
-        "tf5-attn-mask-utils",
-    ],
-}
+def _before() -> dict[str, set[str]]:
+    """``{id: the ids it applies after}``: the transitive closure of the declared ``after=``."""
+    by_id = {p.id: p for p in hooks.patches()}
+    out: dict[str, set[str]] = {}
+
+    def closure(pid: str) -> set[str]:
+        if pid not in out:
+            out[pid] = set()
+            for other in by_id[pid].after:
+                out[pid] |= {other} | closure(other)
+        return out[pid]
+
+    for pid in by_id:
+        closure(pid)
+    return out
 
 
-def test_the_declared_order_keeps_the_order_the_patches_applied_in():
-    registry = hooks.patches()
-    for target, ids in APPLY_ORDER.items():
-        assert [p.id for p in registry if p.target == target] == ids, target
-    assert sorted(p.id for p in registry) == sorted(i for ids in APPLY_ORDER.values() for i in ids)
+def _touched() -> dict[tuple[str, str], list]:
+    """``{(owner, name): [(patch, op), ...]}`` over the patch set, read from the apply functions."""
+    import patchset
 
-
-def test_later_patches_wrap_earlier_ones():
-    position = {p.id: i for i, p in enumerate(hooks.patches())}
-    # the guards see the repaired generator; stock-calls binds the calls as the repairs edited them
-    assert position["v5"] < position["stock-calls"] < position["guard-output"] < position["guard-input"]
-    assert position["validated-release"] == 0
-    # worker-death wraps the MultiprocExecutor name v4 wrapped, and its generate() wrapper is the
-    # outermost: it sees the error after guard-input's recovery and report's line
-    assert max(position[p] for p in ("v4", "guard-input", "guard-output", "report")) < position["worker-death"]
+    out: dict[tuple[str, str], list] = {}
     for patch in hooks.patches():
-        assert all(position[other] < position[patch.id] for other in patch.after), patch.id
+        for touch in patchset.touches(patch):
+            out.setdefault(touch.key, []).append((patch, touch.op))
+    return out
+
+
+def test_the_wrap_relation_is_read_from_the_apply_functions():
+    touched = _touched()
+    ids = {key: sorted(p.id for p, _ in found) for key, found in touched.items()}
+    assert ids[(GENERATOR, "MultiprocExecutor")] == ["pipelined-steps", "v4", "v5", "v7", "worker-death"]
+    assert "guard-output" in ids[(f"{GENERATOR}.VllmHiddenStatesGenerator", "generate")]
+    assert ids[(f"{WORKER}.HiddenStatesWorkerExtension", "_get_captured_states")] == ["offload-captured",
+                                                                                       "shm-transport"]
+    assert ids[("torch", "save")] == ["atomic-save"]
+    assert ("define", ) == tuple({op for found in touched.values() for _, op in found if op == "define"})
+
+
+#: speculators releases: two patches whose ranges share none of them never apply together
+SPECULATORS_RELEASES = ("0.3.0", "0.4.0", "0.4.1")
+
+
+def _together(a, b) -> bool:
+    """Whether ``a`` and ``b`` can apply in one process: their speculators ranges overlap."""
+    from packaging.specifiers import SpecifierSet
+
+    return any(v in SpecifierSet(a.speculators) and v in SpecifierSet(b.speculators) for v in SPECULATORS_RELEASES)
+
+
+def test_patches_that_touch_the_same_name_have_a_declared_order():
+    """Wrapping one name twice nests the wrappers: which is outside decides what each sees, so it
+    is declared (``after=``), never left to the tie-break."""
+    before = _before()
+    for key, found in _touched().items():
+        assert len({p.target for p, _ in found}) == 1, (key, [p.id for p, _ in found])
+        for i, (a, _) in enumerate(found):
+            for b, _ in found[i + 1:]:
+                if not _together(a, b):
+                    continue
+                assert a.id in before[b.id] or b.id in before[a.id], f"{a.id} and {b.id} both touch {key}"
+
+
+def test_a_patch_applies_after_the_patch_that_defines_what_it_wraps():
+    before = _before()
+    for key, found in _touched().items():
+        for definer in [p for p, op in found if op == "define"]:
+            assert all(definer.id in before[p.id] for p, op in found if p is not definer), key
+
+
+def test_every_declared_order_is_a_real_one():
+    """An ``after=`` edge says the later patch wraps a name the earlier one touched, or uses the
+    earlier patch's module (it imports it); the preflight checks bind the calls as earlier patches
+    edit them (``calls=``) and judge the release before its APIs."""
+    touched = {p.id: {k for k, found in _touched().items() if any(q is p for q, _ in found)}
+               for p in hooks.patches()}
+    import patchset
+
+    modules = {p.id: importlib.import_module(patchset._module_of(p)) for p in hooks.patches()}
+    by_id = {p.id: p for p in hooks.patches()}
+    for patch in hooks.patches():
+        source = inspect.getsource(modules[patch.id])
+        for other in patch.after:
+            leaf = modules[other].__name__.rsplit(".", 1)[-1]
+            shares = touched[patch.id] & touched[other]
+            imports = re.search(rf"^\s*from \.+(\w+\.)?{leaf} import", source, re.M)
+            # a preflight check (it wraps nothing) reads the decisions of the patches before it
+            preflight = not touched[patch.id]
+            assert shares or imports or preflight, f"{patch.id} after={other!r}: no shared name, no import"
+
+
+def test_the_preflight_binds_the_calls_of_every_patch_that_edits_them():
+    before = _before()
+    for check in (p for p in hooks.patches() if p.id == "stock-calls"):
+        edits = [p.id for p in hooks.patches() if p.calls and p.target == check.target]
+        assert edits and all(e in before[check.id] for e in edits), edits
+
+
+def test_the_order_does_not_depend_on_the_order_patches_are_found_in():
+    import random
+
+    from speculators_compat.discovery import order
+
+    registry = hooks.patches()
+    rank = {p.id: i for i, p in enumerate(registry)}
+    ids = [p.id for p in registry]
+    key = {p.id: (i, p.id) for i, p in enumerate(sorted(registry, key=lambda p: p.id))}
+    plain = [p.id for p in order(registry)]
+    for seed in range(5):
+        shuffled = random.Random(seed).sample(registry, len(registry))
+        assert [p.id for p in order(shuffled, key=lambda p: rank[p.id])] == ids
+        assert [p.id for p in order(shuffled)] == plain
+        assert [p.id for p in order(shuffled, key=lambda p: key[p.id])] == plain
+    for patch in registry:
+        assert all(rank[other] < rank[patch.id] for other in patch.after), patch.id
+
+
+def test_the_preflight_judges_the_release_first():
+    position = {p.id: i for i, p in enumerate(hooks.patches())}
+    assert position["validated-release"] == 0
 
 
 def test_order_follows_after_then_the_tie_break():
