@@ -48,8 +48,12 @@ def _module_of(patch) -> str:
     """The module that declares ``patch`` (its ``PATCH``), whatever module defined its ``apply``."""
     import sys
 
-    for name, module in list(sys.modules.items()):
+    modules = list(sys.modules.items())
+    for name, module in modules:
         if getattr(module, "PATCH", None) is patch:
+            return name
+    for name, module in modules:  # a copy of a declaration (dataclasses.replace)
+        if getattr(getattr(module, "PATCH", None), "id", None) == patch.id:
             return name
     raise LookupError(f"no imported module declares {patch.id}")
 

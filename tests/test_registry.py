@@ -604,8 +604,10 @@ def test_every_declared_order_is_a_real_one():
     """An ``after=`` edge says the later patch wraps a name the earlier one touched, or uses the
     earlier patch's module (it imports it); the preflight checks bind the calls as earlier patches
     edit them (``calls=``) and judge the release before its APIs."""
-    touched = {p.id: {k for k, found in _touched().items() if any(q is p for q, _ in found)}
-               for p in hooks.patches()}
+    touched: dict[str, set] = {p.id: set() for p in hooks.patches()}
+    for key, found in _touched().items():
+        for p, _ in found:
+            touched[p.id].add(key)
     import patchset
 
     modules = {p.id: importlib.import_module(patchset._module_of(p)) for p in hooks.patches()}
