@@ -146,7 +146,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
             if patch.id in _state.applied:
                 out.append(_state.decisions[patch.id])
                 continue
-        decision = evaluate(patch, module, ctx=ctx, prior=out)
+        decision = evaluate(patch, module, ctx=ctx)
         if patch.id in _state.suppressed and decision.status is Status.APPLIES:
             decision = Decision(patch, Status.DISABLED, "reverted by speculators_compat.revert()")
         if decision.status is Status.APPLIES:
@@ -175,6 +175,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
         with _state.lock:
             _state.decisions[patch.id] = decision
         out.append(decision)
+    out += _run_checks(module, ctx, out)
     refused = [d for d in out if d.status is Status.REFUSED]
     message = refusal_message(refused) if refused else ""
     opt_in = [d for d in out if d.patch.id in _unvalidated_requires(name)
@@ -184,7 +185,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
             f"[{d.patch.id}] SPECULATORS_COMPAT_UNVALIDATED=self-check runs vLLM {ctx.vllm.base} only under the "
             f"self-check, which does not apply here ({d.status.value}: {d.reason})" for d in opt_in)]))
     if name in targets.ENTRY_POINTS:
-        known = [p.id for p in patches()]
+        known = known_ids()
         unknown = unknown_disabled(known)
         if unknown:  # a misspelt id would leave on what the user meant to turn off
             message = " | ".join(filter(None, [message or "speculators_compat refuses to run",
@@ -201,6 +202,38 @@ def apply_module(module: ModuleType) -> list[Decision]:
     return out
 
 
+def _run_checks(module: ModuleType, ctx, decisions: list[Decision]) -> list[Decision]:
+    """The engine checks of ``module``'s target (:mod:`speculators_compat.preflight`), after every
+    patch of it: decided once per process (a passed check is listed with the applied patches)."""
+    from . import preflight
+    from .registry import Decision, Patcher, Status
+
+    out = []
+    for check in preflight.checks_of(module.__name__):
+        with _state.lock:
+            known = _state.decisions.get(check.id)
+        if known is None:
+            known = preflight.evaluate(check, module, None, ctx, decisions)
+            if check.id in _state.suppressed and known.status is Status.APPLIES:
+                known = Decision(check, Status.DISABLED, "reverted by speculators_compat.revert()")
+            if known.status is not Status.APPLIES:
+                log = logger().error if known.status is Status.REFUSED else logger().debug
+                log("%s %s: %s", check.id, known.status.value, known.reason)
+            with _state.lock:
+                _state.decisions[check.id] = known
+                if known.status is Status.APPLIES:
+                    _state.applied.setdefault(check.id, Patcher())
+        out.append(known)
+    return out
+
+
+def known_ids() -> list[str]:
+    """The ids ``SPECULATORS_COMPAT_DISABLE`` may name: the patches' and the engine checks'."""
+    from . import preflight
+
+    return [p.id for p in patches()] + preflight.ids()
+
+
 def _unvalidated_requires(target: str) -> tuple[str, ...]:
     """The patches the patch set requires on ``target`` under the self-check opt-in (its
     ``UNVALIDATED_REQUIRES``; none for a registry given as a list)."""
@@ -214,10 +247,9 @@ def _unvalidated_requires(target: str) -> tuple[str, ...]:
 
 def refusal_message(refused: list[Decision]) -> str:
     """One message for every refusal, what changed first (by cause), then the rest."""
-    from .registry import Cause
+    from .registry import rank
 
-    order = list(Cause)
-    ranked = sorted(refused, key=lambda d: order.index(d.cause) if d.cause else len(order))
+    ranked = sorted(refused, key=rank)
     return "speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
 
 
@@ -296,24 +328,35 @@ def status(import_targets: bool = False) -> list[Decision]:
     """
     import importlib
 
+    from . import preflight
     from .registry import Decision, Status, context, evaluate
 
     ctx = context()
     out: list[Decision] = []
-    for patch in patches():
-        with _state.lock:
-            known = _state.decisions.get(patch.id)
-        if known is None:
-            module = sys.modules.get(patch.target)
-            if module is None and import_targets:
-                try:
-                    module = importlib.import_module(patch.target)
-                except ImportError as exc:
-                    out.append(Decision(patch, Status.REFUSED, f"cannot import {patch.target}: {exc}"))
-                    continue
-            with _state.lock:  # the import above fired the hook
+    registry = patches()
+    for target in dict.fromkeys(p.target for p in registry):
+        mine: list[Decision] = []
+        for patch in (p for p in registry if p.target == target):
+            with _state.lock:
                 known = _state.decisions.get(patch.id)
             if known is None:
-                known = evaluate(patch, module, ctx=ctx, prior=[d for d in out if d.patch.target == patch.target])
-        out.append(known)
+                module = sys.modules.get(patch.target)
+                if module is None and import_targets:
+                    try:
+                        module = importlib.import_module(patch.target)
+                    except ImportError as exc:
+                        mine.append(Decision(patch, Status.REFUSED, f"cannot import {patch.target}: {exc}"))
+                        continue
+                with _state.lock:  # the import above fired the hook
+                    known = _state.decisions.get(patch.id)
+                if known is None:
+                    known = evaluate(patch, module, ctx=ctx)
+            mine.append(known)
+        for check in preflight.checks_of(target):  # after every patch of the target
+            with _state.lock:
+                known = _state.decisions.get(check.id)
+            if known is None:
+                known = preflight.evaluate(check, sys.modules.get(target), None, ctx, mine)
+            mine.append(known)
+        out += mine
     return out

@@ -22,6 +22,8 @@ def _module(patch):
 
 
 def _first_paragraph(patch) -> str:
+    if getattr(patch, "doc", None):  # an engine check
+        return patch.doc
     doc = inspect.cleandoc(_module(patch).__doc__ or "")
     first = " ".join(line.strip() for line in doc.split("\n\n", 1)[0].splitlines())
     first = first.removeprefix(f"{patch.id} -- ").removeprefix(f"{patch.id} - ")
@@ -53,9 +55,9 @@ def entry(patch) -> str:
     return "\n".join(lines)
 
 
-def section(patches, groups=()) -> str:
+def section(patches, groups=(), checks=()) -> str:
     """The generated list: one subsection per group (in ``groups`` order), its patches in the order
-    they apply."""
+    they apply; then the engine's ``checks``."""
     by_group: dict[str, list] = {}
     for patch in patches:
         by_group.setdefault(_group(patch), []).append(patch)
@@ -65,6 +67,11 @@ def section(patches, groups=()) -> str:
         out += [f"### `{group}/`", ""]
         for patch in by_group[group]:
             out += [entry(patch), ""]
+    if checks:
+        out += ["### The engine's checks", "",
+                "They run after every patch of their target, before its entry point does any heavy work "
+                "(`speculators_compat/preflight.py`).", ""]
+        out += [part for check in checks for part in (entry(check), "")]
     out.append(END)
     return "\n".join(out)
 
@@ -78,8 +85,10 @@ def document(text: str, patches=None, groups=None) -> str:
         patches = hooks.patches()
     if groups is None:
         groups = importlib.import_module(hooks_patch_set()).GROUPS
+    from speculators_compat import preflight
+
     start, stop = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + section(patches, groups) + text[stop:]
+    return text[:start] + section(patches, groups, preflight.CHECKS) + text[stop:]
 
 
 def hooks_patch_set() -> str:

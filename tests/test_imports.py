@@ -145,7 +145,7 @@ def test_the_engine_names_no_patch():
     """The engine (``speculators_compat/``, fixtures in ``testing/`` aside) holds no string equal to
     a patch id: what a patch is and does lives in its module."""
     ids = _patch_ids()
-    assert {"v5", "shm-transport", "self-check", "stock-calls"} <= ids  # the walk sees the patch set
+    assert {"v5", "shm-transport", "self-check", "guard-input"} <= ids  # the walk sees the patch set
     offenders = []
     for name, path in _modules().items():
         if name.startswith(PATCHES) or name.startswith("speculators_compat.testing"):

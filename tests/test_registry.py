@@ -602,32 +602,46 @@ def test_a_patch_applies_after_the_patch_that_defines_what_it_wraps():
 
 def test_every_declared_order_is_a_real_one():
     """An ``after=`` edge says the later patch wraps a name the earlier one touched, or uses the
-    earlier patch's module (it imports it); the preflight checks bind the calls as earlier patches
-    edit them (``calls=``) and judge the release before its APIs."""
+    earlier patch's module (it imports it)."""
+    import patchset
+
     touched: dict[str, set] = {p.id: set() for p in hooks.patches()}
     for key, found in _touched().items():
         for p, _ in found:
             touched[p.id].add(key)
-    import patchset
-
     modules = {p.id: importlib.import_module(patchset._module_of(p)) for p in hooks.patches()}
-    by_id = {p.id: p for p in hooks.patches()}
     for patch in hooks.patches():
         source = inspect.getsource(modules[patch.id])
         for other in patch.after:
             leaf = modules[other].__name__.rsplit(".", 1)[-1]
             shares = touched[patch.id] & touched[other]
             imports = re.search(rf"^\s*from \.+(\w+\.)?{leaf} import", source, re.M)
-            # a preflight check (it wraps nothing) reads the decisions of the patches before it
-            preflight = not touched[patch.id]
-            assert shares or imports or preflight, f"{patch.id} after={other!r}: no shared name, no import"
+            assert shares or imports, f"{patch.id} after={other!r}: no shared name, no import"
 
 
-def test_the_preflight_binds_the_calls_of_every_patch_that_edits_them():
-    before = _before()
-    for check in (p for p in hooks.patches() if p.id == "stock-calls"):
-        edits = [p.id for p in hooks.patches() if p.calls and p.target == check.target]
-        assert edits and all(e in before[check.id] for e in edits), edits
+def test_the_engine_checks_run_after_every_patch_of_their_target_and_bind_every_edited_call(monkeypatch):
+    """``stock-calls`` takes the ``calls=`` of every patch that applies, with no list of them: a new
+    patch's edit is seen without touching the engine."""
+    from speculators_compat import preflight
+    from speculators_compat.calls import Call
+    from speculators_compat.registry import Decision
+
+    assert preflight.ids() == ["validated-release", "api-inventory", "stock-calls"]
+    assert not {p.id for p in hooks.patches()} & set(preflight.ids())  # checks, not patches
+    calls = [Call("Scheduler", "m", 0, ("vllm_config",), 10)]
+    monkeypatch.setattr(preflight, "stock_calls", lambda view: calls)
+    new, _ = make_patch("a-new-patch", target=GENERATOR)
+    new = Patch(**{**new.__dict__, "calls": {"Scheduler": Edit(add=("block_size",))}})
+    view = types.SimpleNamespace(vllm=types.SimpleNamespace(params=lambda *a: sig("vllm_config", "block_size")))
+    check = next(c for c in preflight.CHECKS if c.id == "stock-calls")
+    probe = check.judge(None, view, [Decision(new, Status.APPLIES, "")], ctx())
+    assert probe.shape.value == "new", probe.evidence
+    probe = check.judge(None, view, [Decision(new, Status.NOT_NEEDED, "")], ctx())
+    assert probe.cause is Cause.CALL_DOES_NOT_BIND and "missing a required argument: 'block_size'" in probe.evidence
+    # after every patch of the target, in the check's report as in the hooks
+    decisions = preflight.evaluate_all([new, make_patch("b", target=WORKER)[0]], view=view,
+                                       ctx=ctx(applied=("a-new-patch", "b")))
+    assert [d.patch.id for d in decisions] == ["a-new-patch", *preflight.ids(), "b"]
 
 
 def test_the_order_does_not_depend_on_the_order_patches_are_found_in():
@@ -649,11 +663,6 @@ def test_the_order_does_not_depend_on_the_order_patches_are_found_in():
         assert all(rank[other] < rank[patch.id] for other in patch.after), patch.id
 
 
-def test_the_preflight_judges_the_release_first():
-    position = {p.id: i for i, p in enumerate(hooks.patches())}
-    assert position["validated-release"] == 0
-
-
 def test_order_follows_after_then_the_tie_break():
     from speculators_compat.discovery import order
 
@@ -672,7 +681,7 @@ def test_order_follows_after_then_the_tie_break():
 
 
 def test_every_patch_lives_in_a_group_of_its_kind_under_its_id():
-    groups = {"preflight": {Kind.GUARD}, "transformers5": {Kind.PLATFORM}, "vllm_api": {Kind.DELTA, Kind.FIX},
+    groups = {"transformers5": {Kind.PLATFORM}, "vllm_api": {Kind.DELTA, Kind.FIX},
               "speculators04": {Kind.FIX}, "cpu_platform": {Kind.PLATFORM}, "features": {Kind.FEATURE, Kind.PERFORMANCE},
               "guards": {Kind.GUARD}}
     import speculators_compat.patches as patches
@@ -779,14 +788,14 @@ def sig(*names, optional=(), kwonly=(), varkw=False):
     ],
 )
 def test_binds(params, positional, keywords, why):
-    from speculators_compat.patches.preflight.stock_calls import binds
+    from speculators_compat.preflight import binds
 
     assert binds(params, keywords, positional) == why
 
 
 def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.preflight.stock_calls import _judge
+    from speculators_compat.preflight import judge_calls as _judge
     from speculators_compat.registry import Decision
 
     calls = [Call("Scheduler", "m", 0, ("vllm_config", "kv"), 10), Call("Request", "m", 0, ("rid", "eos"), 20),
@@ -978,7 +987,7 @@ def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path)
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.preflight.stock_calls import _runtime_signature
+    from speculators_compat.preflight import runtime_signature as _runtime_signature
 
     generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
     generator.Scheduler = lambda vllm_config, block_size: None
@@ -1090,3 +1099,18 @@ def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypa
     monkeypatch.setattr(lifecycle.os, "getpid", lambda: -1)  # a forked child: its parent's executor
     lifecycle._shutdown_at_exit()
     assert calls == [first]
+
+
+def test_an_engine_check_is_listed_before_the_patches_refused_for_the_same_cause():
+    from speculators_compat import preflight
+    from speculators_compat.registry import Decision, rank
+
+    v1, _ = make_patch("v1")
+    ceiling = preflight.CHECKS[0]
+    refused = [Decision(v1, Status.REFUSED, "[v1] not validated", Cause.NOT_VALIDATED),
+               Decision(ceiling, Status.REFUSED, "[validated-release] not validated", Cause.NOT_VALIDATED),
+               Decision(v1, Status.REFUSED, "[v1] unknown", Cause.UNKNOWN_SHAPE)]
+    assert [d.reason for d in sorted(refused, key=rank)] == [
+        "[v1] unknown", "[validated-release] not validated", "[v1] not validated"]
+    assert hooks.refusal_message(refused).index("[validated-release]") < hooks.refusal_message(refused).index(
+        "[v1] not validated")
