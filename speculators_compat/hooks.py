@@ -297,11 +297,12 @@ def revert(ids: list[str] | None = None) -> None:
             _state.suppressed.clear()
         else:
             _state.suppressed.update(ids)
-        for pid in reversed(list(_state.applied)):
-            _state.applied.pop(pid).undo()
+        # last in, first out: an entry point's refusal wraps what the patches of its target wrapped
         for patcher in _state.refusals.values():
             patcher.undo()
         _state.refusals.clear()
+        for pid in reversed(list(_state.applied)):
+            _state.applied.pop(pid).undo()
         _state.decisions.clear()
     if ids is not None:
         apply()

@@ -1114,3 +1114,18 @@ def test_an_engine_check_is_listed_before_the_patches_refused_for_the_same_cause
         "[v1] unknown", "[validated-release] not validated", "[v1] not validated"]
     assert hooks.refusal_message(refused).index("[validated-release]") < hooks.refusal_message(refused).index(
         "[v1] not validated")
+
+
+def test_revert_undoes_an_entry_point_refusal_before_the_patches_it_wraps(fake_registry, at_versions):
+    write_target(fake_registry["dir"], "fake_target5")
+    mod = importlib.import_module("fake_target5")
+    original = mod.Entry.__init__
+    fake_registry["entry"]["fake_target5"] = ("Entry", "__init__")
+    fake_registry["registry"].extend([make_patch("a", target="fake_target5", attr="Entry.__init__")[0],
+                                      make_patch("b", target="fake_target5", shape="unknown")[0]])
+    speculators_compat.apply()
+    with pytest.raises(IncompatibleVllmError):
+        mod.Entry()
+    speculators_compat.revert()
+    assert vars(mod.Entry)["__init__"] is original
+    sys.modules.pop("fake_target5")

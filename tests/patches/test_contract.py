@@ -28,6 +28,12 @@ def test_the_patch_set_has_patches_with_unique_ids():
     assert ids and len(ids) == len(set(ids))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _restore():
+    yield
+    patch_contract.restore()
+
+
 @pytest.fixture(params=PATCHES, ids=[p.id for p in PATCHES])
 def patch(request):
     return request.param
