@@ -52,6 +52,7 @@ class _State:
         self.active = True  # False after revert(): hooks fire but apply nothing
         self.applied: dict[str, Patcher] = {}  # patch id -> how to undo it, in order applied
         self.refusals: dict[str, Patcher] = {}  # target -> the entry-point refusal wrapper
+        self.undo: list[Patcher] = []  # every patcher above (patches and refusals), in order installed
         self.decisions: dict[str, Decision] = {}
         self.suppressed: set[str] = set()  # ids reverted one by one
         self.source: str | list = PATCH_SET  # the registry: a patch set's name, or the patches
@@ -168,6 +169,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
                     raise
                 else:
                     _state.applied[patch.id] = patcher
+                    _state.undo.append(patcher)
                     logger().debug("applied %s to %s: %s", patch.id, name, decision.reason)
         if decision.status is not Status.APPLIES:
             log = logger().error if decision.status is Status.REFUSED else logger().debug
@@ -193,6 +195,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
     with _state.lock:
         if message and name not in _state.refusals and name in targets.ENTRY_POINTS:
             _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], message)
+            _state.undo.append(_state.refusals[name])
     if refused and name in targets.REFUSE_AT_IMPORT:
         # an import-time target (speculators.utils on transformers v5): without the patch the
         # import itself fails further on with a foreign traceback; fail it here, saying why
@@ -204,14 +207,14 @@ def apply_module(module: ModuleType) -> list[Decision]:
 
 def _run_checks(module: ModuleType, ctx, decisions: list[Decision]) -> list[Decision]:
     """The engine checks of ``module``'s target (:mod:`speculators_compat.preflight`), after every
-    patch of it: decided once per process (a passed check is listed with the applied patches)."""
+    patch of it (a passed check is listed with the applied patches)."""
     from . import preflight
     from .registry import Decision, Patcher, Status
 
     out = []
     for check in preflight.checks_of(module.__name__):
-        with _state.lock:
-            known = _state.decisions.get(check.id)
+        with _state.lock:  # passed once: kept (as an applied patch is); else judged again
+            known = _state.decisions.get(check.id) if check.id in _state.applied else None
         if known is None:
             known = preflight.evaluate(check, module, None, ctx, decisions)
             if check.id in _state.suppressed and known.status is Status.APPLIES:
@@ -297,12 +300,12 @@ def revert(ids: list[str] | None = None) -> None:
             _state.suppressed.clear()
         else:
             _state.suppressed.update(ids)
-        # last in, first out: an entry point's refusal wraps what the patches of its target wrapped
-        for patcher in _state.refusals.values():
-            patcher.undo()
+        # last in, first out, refusals included: an entry point's refusal wraps what the patches
+        # of its target wrapped before it, and a patch applied later wraps the refusal
+        while _state.undo:
+            _state.undo.pop().undo()
+        _state.applied.clear()
         _state.refusals.clear()
-        for pid in reversed(list(_state.applied)):
-            _state.applied.pop(pid).undo()
         _state.decisions.clear()
     if ids is not None:
         apply()
@@ -321,7 +324,8 @@ def applied_ids() -> list[str]:
 
 
 def status(import_targets: bool = False) -> list[Decision]:
-    """The decision for every registered patch.
+    """The decision for every registered patch, and for the engine checks of each target (after its
+    patches).
 
     Patches whose target module is not imported are evaluated against it only when
     ``import_targets`` is true (which imports speculators and vLLM); otherwise they are

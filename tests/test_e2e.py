@@ -343,7 +343,7 @@ def test_stock_generator_fails_without_the_shim(model, tmp_path):
     from speculators_compat import hooks
 
     assert "NVIDIA driver" in failed["start"]
-    others = ",".join(p.id for p in hooks.patches() if p.id != "cpu-mem-get-info")
+    others = ",".join(pid for pid in hooks.known_ids() if pid != "cpu-mem-get-info")
     report = scenario(model, tmp_path, disable=others, steps=["start"])
     assert "block_size" in failures(report)["start"]
 
@@ -849,7 +849,10 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     from speculators_compat import hooks
     from speculators_compat.targets import REFUSE_AT_IMPORT
 
-    env["SPECULATORS_COMPAT_DISABLE"] = ",".join(p.id for p in hooks.patches() if p.target not in REFUSE_AT_IMPORT)
+    from speculators_compat import preflight
+
+    env["SPECULATORS_COMPAT_DISABLE"] = ",".join([*(p.id for p in hooks.patches() if p.target not in REFUSE_AT_IMPORT),
+                                                  *preflight.ids()])
     proc = subprocess.run([sys.executable, "-c", CONTRACT], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

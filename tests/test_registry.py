@@ -1129,3 +1129,20 @@ def test_revert_undoes_an_entry_point_refusal_before_the_patches_it_wraps(fake_r
     speculators_compat.revert()
     assert vars(mod.Entry)["__init__"] is original
     sys.modules.pop("fake_target5")
+
+
+def test_revert_undoes_a_patch_applied_over_an_earlier_refusal_first(fake_registry, monkeypatch):
+    write_target(fake_registry["dir"], "fake_target6")
+    mod = importlib.import_module("fake_target6")
+    original = mod.Entry.__init__
+    fake_registry["entry"]["fake_target6"] = ("Entry", "__init__")
+    fake_registry["registry"].extend([make_patch("a", target="fake_target6", attr="Entry.__init__")[0],
+                                      make_patch("b", target="fake_target6", shape="unknown")[0]])
+    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("a", "b"), disabled={"a"}))
+    speculators_compat.apply()  # b refused: the refusal wraps __init__ first
+    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("a", "b")))
+    speculators_compat.apply()  # a applies over it
+    assert speculators_compat.applied_ids() == ["a"]
+    speculators_compat.reset()
+    assert vars(mod.Entry)["__init__"] is original
+    sys.modules.pop("fake_target6")
