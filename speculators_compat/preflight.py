@@ -56,6 +56,8 @@ class Check:
     upstream: str = "-"
     after: tuple[str, ...] = ()
     calls: dict = field(default_factory=dict)
+    #: listed before the patches refused for the same cause: it judges what they rely on
+    first: bool = False
 
     @property
     def family(self) -> str:
@@ -210,6 +212,7 @@ CHECKS: tuple[Check, ...] = (
         delta="a vLLM line the test matrix never compared with HF transformers -> refused",
         api="the installed vLLM release",
         judge=_validated_release,
+        first=True,
         remove_when="never: add the release to the test matrix (tests/matrix.toml)",
         doc="The library's ceiling: a vLLM line (``major.minor``) that the test matrix never validated with "
             "the installed speculators line is refused, even if every probe is content (only an end-to-end "
@@ -223,6 +226,7 @@ CHECKS: tuple[Check, ...] = (
         delta="any vLLM API of the stock code -> a shape recorded on a validated release",
         api="the vLLM APIs of VllmHiddenStatesGenerator and its worker extension",
         judge=_api_inventory,
+        first=True,
         remove_when="never; re-record known_apis.json for each newly validated vLLM release",
         doc="Every vLLM API the stock generator and worker extension use (the names they import, the executor "
             "and scheduler methods they call) is compared with the signatures recorded on the validated releases "

@@ -442,9 +442,10 @@ def _validated(patch: Patch, ctx: Context, probe: Probe) -> Decision:
 
 def rank(decision: Decision) -> tuple[int, bool]:
     """Where a refusal is listed: what changed first (by :class:`Cause`), and for one cause an engine
-    check (it has a ``judge``: the release's ceiling, the API shapes) before the patches it covers."""
+    check that judges what the patches rely on (``first``: the release's ceiling, the API shapes)
+    before them."""
     order = list(Cause)
-    return (order.index(decision.cause) if decision.cause else len(order), not hasattr(decision.patch, "judge"))
+    return (order.index(decision.cause) if decision.cause else len(order), not getattr(decision.patch, "first", False))
 
 
 def unknown_disabled(known: list[str], disabled: frozenset[str] | None = None) -> list[str]:

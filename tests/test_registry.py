@@ -1114,6 +1114,9 @@ def test_an_engine_check_is_listed_before_the_patches_refused_for_the_same_cause
         "[v1] unknown", "[validated-release] not validated", "[v1] not validated"]
     assert hooks.refusal_message(refused).index("[validated-release]") < hooks.refusal_message(refused).index(
         "[v1] not validated")
+    # stock-calls judges the patches' edits: listed after them, in the order decided
+    after = [Decision(v1, Status.DISABLED, "v1 off"), Decision(preflight.CHECKS[2], Status.DISABLED, "calls off")]
+    assert preflight.CHECKS[2].id == "stock-calls" and sorted(after, key=rank) == after
 
 
 def test_revert_undoes_an_entry_point_refusal_before_the_patches_it_wraps(fake_registry, at_versions):
