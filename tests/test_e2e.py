@@ -47,21 +47,17 @@ QUICK = matrix.QUICK_VAR in os.environ
 SELF_CHECK_FAULTS = {"SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT": "none"}
 
 def _probed_new() -> set[str]:
-    """The patches whose probe finds their delta on this install (from the sources, as a
-    validation run would see them): where a patch-specific test makes sense."""
+    """The patches (and engine checks) whose probe finds their delta on this install (from the
+    sources, as a validation run would see them): where a patch-specific test makes sense."""
     import dataclasses
 
-    from speculators_compat import hooks
-    from speculators_compat.registry import Status, context, evaluate_all
+    from speculators_compat import hooks, preflight
+    from speculators_compat.registry import Status, context
     from speculators_compat.sources import StaticView
 
     ctx = dataclasses.replace(context(), recording=True)
-    view = StaticView()
-    out = set()
-    for target in dict.fromkeys(p.target for p in hooks.patches()):
-        decisions = evaluate_all([p for p in hooks.patches() if p.target == target], view=view, ctx=ctx)
-        out |= {d.patch.id for d in decisions if d.status is Status.APPLIES}
-    return out
+    decisions = preflight.evaluate_all(hooks.patches(), view=StaticView(), ctx=ctx)  # the engine checks too
+    return {d.patch.id for d in decisions if d.status is Status.APPLIES}
 
 
 PROBED_NEW = _probed_new()
