@@ -364,4 +364,4 @@ def status(import_targets: bool = False) -> list[Decision]:
                 known = preflight.evaluate(check, sys.modules.get(target), None, ctx, mine)
             mine.append(known)
         out += mine
-    return out
+    return preflight.in_order(registry, out)  # as check orders its static decisions

@@ -26,7 +26,7 @@ from .calls import Call, stock_calls
 from .registry import Cause, Context, Decision, Kind, Probe, Side, Status
 from .targets import GENERATOR
 
-__all__ = ["Check", "CHECKS", "checks_of", "ids", "evaluate", "evaluate_all", "binds"]
+__all__ = ["Check", "CHECKS", "checks_of", "ids", "evaluate", "evaluate_all", "in_order", "binds"]
 
 #: the speculators releases the engine's checks serve (those the patch set serves)
 SPECULATORS = ">=0.3.0,<0.5"
@@ -267,11 +267,15 @@ def evaluate_all(patches, module: ModuleType | None = None, view: Any = None,
                  ctx: Context | None = None) -> list[Decision]:
     """The decisions of ``patches``, in their order, each target's checks after its last patch."""
     ctx = ctx or registry.context()
-    rank = {p.id: i for i, p in enumerate(patches)}
-    out: list[tuple[float, Decision]] = []
+    out: list[Decision] = []
     for target in dict.fromkeys(p.target for p in patches):
         decisions = registry.evaluate_all([p for p in patches if p.target == target], module, view, ctx)
-        out += [(rank[d.patch.id], d) for d in decisions]
-        last = max(rank[d.patch.id] for d in decisions) + 0.5
-        out += [(last, evaluate(c, module, view, ctx, decisions)) for c in checks_of(target)]
-    return [d for _, d in sorted(out, key=lambda pair: pair[0])]
+        out += decisions + [evaluate(c, module, view, ctx, decisions) for c in checks_of(target)]
+    return in_order(patches, out)
+
+
+def in_order(patches, decisions: list[Decision]) -> list[Decision]:
+    """``decisions`` in the order ``patches`` apply, each target's checks right after its last patch."""
+    rank = {p.id: i for i, p in enumerate(patches)}
+    last = {p.target: rank[p.id] for p in patches}
+    return sorted(decisions, key=lambda d: rank[d.patch.id] if d.patch.id in rank else last[d.patch.target] + 0.5)

@@ -1149,3 +1149,14 @@ def test_revert_undoes_a_patch_applied_over_an_earlier_refusal_first(fake_regist
     speculators_compat.reset()
     assert vars(mod.Entry)["__init__"] is original
     sys.modules.pop("fake_target6")
+
+
+def test_the_hooks_and_the_check_list_the_decisions_in_one_order(fake_registry, at_versions):
+    from speculators_compat import preflight
+
+    patches = [make_patch("a", target=GENERATOR)[0], make_patch("b", target=WORKER)[0],
+               make_patch("c", target=GENERATOR)[0]]
+    fake_registry["registry"].extend(patches)
+    static = preflight.evaluate_all(patches, view=types.SimpleNamespace(), ctx=ctx(applied=("a", "b", "c")))
+    assert [d.patch.id for d in static] == ["a", "b", "c", *preflight.ids()]
+    assert [d.patch.id for d in hooks.status()] == [d.patch.id for d in static]
