@@ -86,8 +86,8 @@ def unpacked(root: str) -> tuple[versions.Installed, str]:
 
 
 def report(deep: bool = False, vllm_root: str | None = None) -> dict:
-    from . import hooks, inventory
-    from .registry import context, evaluate_all, unknown_disabled, verdict
+    from . import hooks, inventory, preflight
+    from .registry import context, unknown_disabled, verdict
     from .sources import Sources, StaticView
 
     if vllm_root:
@@ -108,12 +108,9 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
             hooks.install()
             decisions = hooks.status(import_targets=True)
         else:
-            for target in dict.fromkeys(p.target for p in hooks.patches()):
-                decisions += evaluate_all([p for p in hooks.patches() if p.target == target], view=view, ctx=ctx)
-            order = {p.id: i for i, p in enumerate(hooks.patches())}
-            decisions.sort(key=lambda d: order[d.patch.id])
+            decisions = preflight.evaluate_all(hooks.patches(), view=view, ctx=ctx)
         apis = inventory.inventory(view) if view.vllm.found else []
-    unknown = unknown_disabled([p.id for p in hooks.patches()], ctx.disabled)
+    unknown = unknown_disabled(hooks.known_ids(), ctx.disabled)
     covered, reasons = verdict(decisions, ctx, unknown)
     torch = versions.installed("torch")
     transformers = ctx.transformers

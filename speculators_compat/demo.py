@@ -125,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _patches(side: str, where: str, applied: list[str]) -> str:
-    """The patches of ``side`` that applied in ``where``, in the order they apply, with their titles."""
-    from speculators_compat import hooks
+    """The patches (and passed engine checks) of ``side`` that applied in ``where``, in the order they
+    apply, with their titles."""
+    from speculators_compat import hooks, preflight
 
-    titles = {p.id: p.title for p in hooks.patches() if p.side.value == side}
+    titles = {p.id: p.title for p in [*hooks.patches(), *preflight.CHECKS] if p.side.value == side}
     ids = [pid for pid in titles if pid in set(applied)]
     lines = [f"patches applied in {where} ({len(ids)}):"]
     lines += [f"  {pid:<22} {titles[pid]}" for pid in ids]

@@ -40,7 +40,7 @@ __all__ = ["install", "apply", "revert", "reset", "status", "applied_ids", "patc
 #: registered when it is first imported
 TRIGGER = "speculators"
 #: the patch set this distribution ships (``patches/``): the default registry, by name
-PATCH_SET = "speculators_compat.patches"
+PATCH_SET = targets.PATCH_SET
 
 
 class _State:
@@ -52,6 +52,7 @@ class _State:
         self.active = True  # False after revert(): hooks fire but apply nothing
         self.applied: dict[str, Patcher] = {}  # patch id -> how to undo it, in order applied
         self.refusals: dict[str, Patcher] = {}  # target -> the entry-point refusal wrapper
+        self.undo: list[Patcher] = []  # every patcher above (patches and refusals), in order installed
         self.decisions: dict[str, Decision] = {}
         self.suppressed: set[str] = set()  # ids reverted one by one
         self.source: str | list = PATCH_SET  # the registry: a patch set's name, or the patches
@@ -149,7 +150,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
             if patch.id in _state.applied:
                 out.append(_state.decisions[patch.id])
                 continue
-        decision = evaluate(patch, module, ctx=ctx, prior=out)
+        decision = evaluate(patch, module, ctx=ctx)
         if patch.id in _state.suppressed and decision.status is Status.APPLIES:
             decision = Decision(patch, Status.DISABLED, "reverted by speculators_compat.revert()")
         if decision.status is Status.APPLIES:
@@ -171,6 +172,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
                     raise
                 else:
                     _state.applied[patch.id] = patcher
+                    _state.undo.append(patcher)
                     logger().debug("applied %s to %s: %s", patch.id, name, decision.reason)
         if decision.status is not Status.APPLIES:
             log = logger().error if decision.status is Status.REFUSED else logger().debug
@@ -178,9 +180,10 @@ def apply_module(module: ModuleType) -> list[Decision]:
         with _state.lock:
             _state.decisions[patch.id] = decision
         out.append(decision)
+    out += _run_checks(module, ctx, out)
     refused = [d for d in out if d.status is Status.REFUSED]
     message = refusal_message(refused) if refused else ""
-    opt_in = [d for d in out if d.patch.id in targets.UNVALIDATED_REQUIRES.get(name, ())
+    opt_in = [d for d in out if d.patch.id in _unvalidated_requires(name)
               and d.status is not Status.APPLIES] if ctx.unvalidated and ctx.record is None else []
     if opt_in:  # the self-check opt-in without the self-check would run an unvalidated release blind
         message = " | ".join(filter(None, [message or "speculators_compat refuses to run", *(
@@ -188,7 +191,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
             f"self-check, which does not apply here ({d.status.value}: {d.reason})" for d in opt_in)]))
     configuration = False
     if name in targets.ENTRY_POINTS:
-        known = [p.id for p in patches()]
+        known = known_ids()
         unknown = unknown_disabled(known)
         if unknown:  # a misspelt id would leave on what the user meant to turn off: a configuration error
             configuration = True
@@ -196,6 +199,7 @@ def apply_module(module: ModuleType) -> list[Decision]:
     with _state.lock:
         if message and name not in _state.refusals and name in targets.ENTRY_POINTS:
             _state.refusals[name] = _install_refusal(module, targets.ENTRY_POINTS[name], message, configuration)
+            _state.undo.append(_state.refusals[name])
     if refused and name in targets.REFUSE_AT_IMPORT:
         # an import-time target (speculators.utils on transformers v5): without the patch the
         # import itself fails further on with a foreign traceback; fail it here, saying why
@@ -205,12 +209,54 @@ def apply_module(module: ModuleType) -> list[Decision]:
     return out
 
 
+def _run_checks(module: ModuleType, ctx, decisions: list[Decision]) -> list[Decision]:
+    """The engine checks of ``module``'s target (:mod:`speculators_compat.preflight`), after every
+    patch of it (a passed check is listed with the applied patches)."""
+    from . import preflight
+    from .registry import Decision, Patcher, Status
+
+    out = []
+    for check in preflight.checks_of(module.__name__):
+        with _state.lock:  # passed once: kept (as an applied patch is); else judged again
+            known = _state.decisions.get(check.id) if check.id in _state.applied else None
+        if known is None:
+            known = preflight.evaluate(check, module, None, ctx, decisions)
+            if check.id in _state.suppressed and known.status is Status.APPLIES:
+                known = Decision(check, Status.DISABLED, "reverted by speculators_compat.revert()")
+            if known.status is not Status.APPLIES:
+                log = logger().error if known.status is Status.REFUSED else logger().debug
+                log("%s %s: %s", check.id, known.status.value, known.reason)
+            with _state.lock:
+                _state.decisions[check.id] = known
+                if known.status is Status.APPLIES:
+                    _state.applied.setdefault(check.id, Patcher())
+        out.append(known)
+    return out
+
+
+def known_ids() -> list[str]:
+    """The ids ``SPECULATORS_COMPAT_DISABLE`` may name: the patches' and the engine checks'."""
+    from . import preflight
+
+    return [p.id for p in patches()] + preflight.ids()
+
+
+def _unvalidated_requires(target: str) -> tuple[str, ...]:
+    """The patches the patch set requires on ``target`` under the self-check opt-in (its
+    ``UNVALIDATED_REQUIRES``; none for a registry given as a list)."""
+    source = _state.source
+    if not isinstance(source, str):
+        return ()
+    import importlib
+
+    return tuple(getattr(importlib.import_module(source), targets.UNVALIDATED_REQUIRES, {}).get(target, ()))
+
+
 def refusal_message(refused: list[Decision]) -> str:
     """One message for every refusal, what changed first (by cause), then the rest."""
-    from .registry import Cause
+    from .registry import rank
 
-    order = list(Cause)
-    ranked = sorted(refused, key=lambda d: order.index(d.cause) if d.cause else len(order))
+    ranked = sorted(refused, key=rank)
     return ("speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)
             + " | `python -m speculators_compat.check --constraints` prints the nearest validated set of releases "
             "as pins for `pip install -c`")
@@ -268,10 +314,11 @@ def revert(ids: list[str] | None = None) -> None:
             _state.suppressed.clear()
         else:
             _state.suppressed.update(ids)
-        for pid in reversed(list(_state.applied)):
-            _state.applied.pop(pid).undo()
-        for patcher in _state.refusals.values():
-            patcher.undo()
+        # last in, first out, refusals included: an entry point's refusal wraps what the patches
+        # of its target wrapped before it, and a patch applied later wraps the refusal
+        while _state.undo:
+            _state.undo.pop().undo()
+        _state.applied.clear()
         _state.refusals.clear()
         _state.decisions.clear()
     if ids is not None:
@@ -291,7 +338,8 @@ def applied_ids() -> list[str]:
 
 
 def status(import_targets: bool = False) -> list[Decision]:
-    """The decision for every registered patch.
+    """The decision for every registered patch, and for the engine checks of each target (after its
+    patches).
 
     Patches whose target module is not imported are evaluated against it only when
     ``import_targets`` is true (which imports speculators and vLLM); otherwise they are
@@ -299,24 +347,35 @@ def status(import_targets: bool = False) -> list[Decision]:
     """
     import importlib
 
+    from . import preflight
     from .registry import Decision, Status, context, evaluate
 
     ctx = context()
     out: list[Decision] = []
-    for patch in patches():
-        with _state.lock:
-            known = _state.decisions.get(patch.id)
-        if known is None:
-            module = sys.modules.get(patch.target)
-            if module is None and import_targets:
-                try:
-                    module = importlib.import_module(patch.target)
-                except ImportError as exc:
-                    out.append(Decision(patch, Status.REFUSED, f"cannot import {patch.target}: {exc}"))
-                    continue
-            with _state.lock:  # the import above fired the hook
+    registry = patches()
+    for target in dict.fromkeys(p.target for p in registry):
+        mine: list[Decision] = []
+        for patch in (p for p in registry if p.target == target):
+            with _state.lock:
                 known = _state.decisions.get(patch.id)
             if known is None:
-                known = evaluate(patch, module, ctx=ctx, prior=[d for d in out if d.patch.target == patch.target])
-        out.append(known)
-    return out
+                module = sys.modules.get(patch.target)
+                if module is None and import_targets:
+                    try:
+                        module = importlib.import_module(patch.target)
+                    except ImportError as exc:
+                        mine.append(Decision(patch, Status.REFUSED, f"cannot import {patch.target}: {exc}"))
+                        continue
+                with _state.lock:  # the import above fired the hook
+                    known = _state.decisions.get(patch.id)
+                if known is None:
+                    known = evaluate(patch, module, ctx=ctx)
+            mine.append(known)
+        for check in preflight.checks_of(target):  # after every patch of the target
+            with _state.lock:
+                known = _state.decisions.get(check.id)
+            if known is None:
+                known = preflight.evaluate(check, sys.modules.get(target), None, ctx, mine)
+            mine.append(known)
+        out += mine
+    return preflight.in_order(registry, out)  # as check orders its static decisions

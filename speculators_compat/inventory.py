@@ -16,8 +16,8 @@ real vLLM releases this library is validated on (``known_apis.json``, written by
   with the module, the expected signature (newest recorded) and the one found.
 
 An unknown shape means the installed vLLM has drifted beyond what the registry knows;
-the ``api-inventory`` entry of the registry turns that into a refusal before the executor
-starts (``SPECULATORS_COMPAT_DISABLE=api-inventory`` proceeds at the user's risk).
+the ``api-inventory`` check (:mod:`speculators_compat.preflight`) turns that into a refusal
+before the executor starts (``SPECULATORS_COMPAT_DISABLE=api-inventory`` proceeds at the user's risk).
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ __all__ = [
     "context",
     "evaluate",
     "evaluate_all",
+    "rank",
     "refusal",
     "verdict",
     "uncovered_release",
@@ -231,14 +232,12 @@ class Patch:
     #: ``static_probe(view) -> Probe``: the same judgement from the installed sources
     #: (a :class:`speculators_compat.sources.StaticView`), for the fast ``check``
     static_probe: Callable[[Any], Probe] | None = None
-    #: how this patch changes the stock calls into vLLM (checked to bind at preflight)
+    #: how this patch changes the stock calls into vLLM (the ``stock-calls`` check of
+    #: :mod:`speculators_compat.preflight` binds the calls as the applied patches edit them)
     calls: dict[str, Edit] = field(default_factory=dict)
     #: names vLLM moved that this patch binds again where the stock code imports them:
     #: ``"old.module.name" -> "new.module"`` (the static check reads them where they are now)
     moves: dict[str, str] = field(default_factory=dict)
-    #: a preflight check: its probe also gets the decisions taken before it
-    #: (``probe(module_or_view, decisions)``)
-    preflight: bool = False
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -297,13 +296,14 @@ def context(vllm: versions.Installed | None = None, table: dict | None = None) -
 
 
 def evaluate(patch: Patch, module: ModuleType | None, view: Any = None, ctx: Context | None = None,
-             prior: list[Decision] | None = None) -> Decision:
+             judge: Callable[[], Probe] | None = None) -> Decision:
     """Decide whether ``patch`` applies to the installed versions and to ``module``.
 
     With ``view`` (a :class:`~speculators_compat.sources.StaticView`) and no module, the
-    patch's static probe reads the installed sources instead (nothing is imported). ``prior``
-    holds the decisions already taken for the same target (what a preflight check looks at).
-    A disabled patch is probed too: whether its delta is present decides the verdict."""
+    patch's static probe reads the installed sources instead (nothing is imported). ``judge``
+    replaces the probe (an engine check of :mod:`speculators_compat.preflight` judges what the
+    patches decided). A disabled patch is probed too: whether its delta is present decides the
+    verdict."""
     ctx = ctx or context()
     disabled = "all" in ctx.disabled or patch.id in ctx.disabled
     early = _gate(patch, ctx)
@@ -313,7 +313,7 @@ def evaluate(patch: Patch, module: ModuleType | None, view: Any = None, ctx: Con
         if disabled:
             return Decision(patch, Status.DISABLED, f"disabled by {DISABLE_ENV}")
         return Decision(patch, Status.PENDING, f"{patch.target} not imported yet")
-    probe = _probe(patch, module, view, prior or [])
+    probe = _probe(patch, module, view, judge)
     if disabled:
         found = "delta absent" if probe.shape is Shape.OLD else "its delta is present"
         return Decision(patch, Status.DISABLED, f"disabled by {DISABLE_ENV} ({found}: {probe.evidence})",
@@ -358,10 +358,10 @@ def _gate(patch: Patch, ctx: Context) -> Decision | None:
     return None
 
 
-def _probe(patch: Patch, module, view, prior: list[Decision]) -> Probe:
+def _probe(patch: Patch, module, view, judge: Callable[[], Probe] | None = None) -> Probe:
     try:
-        if patch.preflight:
-            return patch.probe(module, prior) if module is not None else patch.static_probe(view, prior)
+        if judge is not None:
+            return judge()
         if module is not None:
             return patch.probe(module)
         if patch.static_probe is not None:
@@ -443,6 +443,14 @@ def _validated(patch: Patch, ctx: Context, probe: Probe) -> Decision:
                     needed=True)
 
 
+def rank(decision: Decision) -> tuple[int, bool]:
+    """Where a refusal is listed: what changed first (by :class:`Cause`), and for one cause an engine
+    check that judges what the patches rely on (``first``: the release's ceiling, the API shapes)
+    before them."""
+    order = list(Cause)
+    return (order.index(decision.cause) if decision.cause else len(order), not getattr(decision.patch, "first", False))
+
+
 def unknown_disabled(known: list[str], disabled: frozenset[str] | None = None) -> list[str]:
     """The ids in ``SPECULATORS_COMPAT_DISABLE`` (or ``disabled``) that name no patch of ``known``."""
     disabled = _env.disabled() if disabled is None else disabled
@@ -466,9 +474,8 @@ def verdict(decisions: list[Decision], ctx: Context, unknown_ids: list[str] = ()
     if ctx.unvalidated and ctx.vllm is not None and ctx.speculators is not None and ctx.record is None:
         reasons.append(f"vLLM {ctx.vllm.base} is not validated: it runs under {_env.UNVALIDATED}="
                        f"{_env.UNVALIDATED_SELF_CHECK} (every sequence of the first calls checked)")
-    order = list(Cause)
     bad = [d for d in decisions if d.uncovers]
-    bad.sort(key=lambda d: (d.status is not Status.REFUSED, order.index(d.cause) if d.cause else len(order)))
+    bad.sort(key=lambda d: (d.status is not Status.REFUSED, *rank(d)))
     for d in bad:
         reasons.append(f"{d.patch.id} {d.status.value}: {d.reason}")
     return not reasons, reasons
@@ -476,13 +483,10 @@ def verdict(decisions: list[Decision], ctx: Context, unknown_ids: list[str] = ()
 
 def evaluate_all(patches: list[Patch], module: ModuleType | None = None, view: Any = None,
                  ctx: Context | None = None) -> list[Decision]:
-    """The decisions for ``patches`` (one target, or all of them for the check), in order; a
-    preflight check sees the decisions taken before it."""
+    """The decisions for ``patches`` (one target, or all of them), in order (the engine checks
+    that follow them: :func:`speculators_compat.preflight.evaluate_all`)."""
     ctx = ctx or context()
-    out: list[Decision] = []
-    for patch in patches:
-        out.append(evaluate(patch, module, view, ctx, out))
-    return out
+    return [evaluate(patch, module, view, ctx) for patch in patches]
 
 
 def refusal(patch: Patch, ctx: Context, evidence: str, cause: Cause) -> str:

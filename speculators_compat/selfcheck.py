@@ -63,8 +63,6 @@ TOTALS_ATTR = "_speculators_compat_self_check"
 #: attribute of the worker extension holding its :class:`WorkerCheck`
 WORKER_STATE = "_speculators_compat_self_check"
 ALL = -1
-#: what ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` needs applied (driver, workers)
-OPT_IN_PATCHES = ("self-check", "self-check-reference")
 
 
 # -- options ---------------------------------------------------------------------------------

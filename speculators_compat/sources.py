@@ -444,10 +444,11 @@ def _cut(line: str, start: int, stop: int | None) -> str:
 
 
 def declared_moves() -> dict[str, str]:
-    """The moves the registered patches declare (``Patch.moves``): ``"module.name" -> module``."""
-    from . import hooks
+    """The moves the shipped patch set declares (``Patch.moves``): ``"module.name" -> module``."""
+    from .discovery import discover
+    from .targets import PATCH_SET
 
     out: dict[str, str] = {}
-    for patch in hooks.patches():
-        out.update(getattr(patch, "moves", {}) or {})
+    for patch in discover(PATCH_SET):
+        out.update(patch.moves)
     return out

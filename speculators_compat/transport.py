@@ -739,6 +739,8 @@ class Written:
 
 #: attribute of the worker extension holding its :class:`WorkerState`
 WORKER_STATE = "_speculators_compat_written"
+#: True where the patch that carries the captured states applies (it sets it through its Patcher)
+ACCEPTING = False
 
 
 class WorkerState:
@@ -904,9 +906,7 @@ def accept_plan(worker, plan: Plan | None):
     ``shm-transport`` patch applied) takes ``plan`` (``None``: no plan for this call) and says
     ``True``; every other worker says ``False``."""
     ext = getattr(worker, "worker", None) or worker  # vLLM's WorkerWrapperBase wraps the worker
-    from . import hooks
-
-    if "shm-transport" not in hooks.applied_ids() or not getattr(ext, "_layer_ids", None):
+    if not ACCEPTING or not getattr(ext, "_layer_ids", None):
         return False
     try:
         from vllm.distributed import get_tp_group

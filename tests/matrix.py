@@ -2,8 +2,9 @@
 
     python tests/matrix.py generate        write tox.ini's matrix environments, their requirement
                                            files, .github/workflows/matrix.yml, the tables of
-                                           docs/matrix.md and the patch x release table the engine
-                                           reads (speculators_compat/supported.json)
+                                           docs/matrix.md, the patch list of docs/patches.md
+                                           (tests/patchdoc.py) and the patch x release table the
+                                           engine reads (speculators_compat/supported.json)
     python tests/matrix.py check           exit 1 if any of those is out of date (a unit test runs it)
     python tests/matrix.py rerecord ENV... run the validation tests of each environment as a
                                            validation run and merge them (below); --patch ID
@@ -37,6 +38,7 @@ TOX = os.path.join(ROOT, "tox.ini")
 WORKFLOW = os.path.join(ROOT, ".github", "workflows", "matrix.yml")
 MATRIX_DOC = os.path.join(ROOT, "docs", "matrix.md")
 README = os.path.join(ROOT, "README.md")
+PATCHES_DOC = os.path.join(ROOT, "docs", "patches.md")
 #: the validation runs (written by the tests) and the table generated from them, in the checkout
 VALIDATED = os.path.join(ROOT, "speculators_compat", "validated.json")
 SUPPORTED = os.path.join(ROOT, "speculators_compat", "supported.json")
@@ -456,6 +458,10 @@ def outputs() -> dict[str, str]:
     out[SUPPORTED] = json.dumps(supported, indent=1) + "\n"
     with open(README, encoding="utf-8") as fh:
         out[README] = _between(fh.read(), TF_BEGIN, TF_END, _transformers_line(supported))
+    import patchdoc
+
+    with open(PATCHES_DOC, encoding="utf-8") as fh:
+        out[PATCHES_DOC] = patchdoc.document(fh.read())
     return out
 
 

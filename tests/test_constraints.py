@@ -103,7 +103,7 @@ def test_the_generators_refusal_names_the_flag():
     from speculators_compat import hooks
     from speculators_compat.registry import Cause, Decision, Status
 
-    patch = next(p for p in hooks.patches() if p.id == "validated-release")
-    message = hooks.refusal_message([Decision(patch, Status.REFUSED, "[validated-release] no run", Cause.NOT_VALIDATED)])
-    assert message.startswith("speculators_compat refuses to run: [validated-release] no run | ")
+    patch = next(p for p in hooks.patches() if p.id == "v1")
+    message = hooks.refusal_message([Decision(patch, Status.REFUSED, "[v1] no run", Cause.NOT_VALIDATED)])
+    assert message.startswith("speculators_compat refuses to run: [v1] no run | ")
     assert "python -m speculators_compat.check --constraints" in message

@@ -47,21 +47,17 @@ QUICK = matrix.QUICK_VAR in os.environ
 SELF_CHECK_FAULTS = {"SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT": "none"}
 
 def _probed_new() -> set[str]:
-    """The patches whose probe finds their delta on this install (from the sources, as a
-    validation run would see them): where a patch-specific test makes sense."""
+    """The patches (and engine checks) whose probe finds their delta on this install (from the
+    sources, as a validation run would see them): where a patch-specific test makes sense."""
     import dataclasses
 
-    from speculators_compat import hooks
-    from speculators_compat.registry import Status, context, evaluate_all
+    from speculators_compat import hooks, preflight
+    from speculators_compat.registry import Status, context
     from speculators_compat.sources import StaticView
 
     ctx = dataclasses.replace(context(), recording=True)
-    view = StaticView()
-    out = set()
-    for target in dict.fromkeys(p.target for p in hooks.patches()):
-        decisions = evaluate_all([p for p in hooks.patches() if p.target == target], view=view, ctx=ctx)
-        out |= {d.patch.id for d in decisions if d.status is Status.APPLIES}
-    return out
+    decisions = preflight.evaluate_all(hooks.patches(), view=StaticView(), ctx=ctx)  # the engine checks too
+    return {d.patch.id for d in decisions if d.status is Status.APPLIES}
 
 
 PROBED_NEW = _probed_new()
@@ -345,7 +341,7 @@ def test_stock_generator_fails_without_the_shim(model, tmp_path):
     from speculators_compat import hooks
 
     assert "NVIDIA driver" in failed["start"]
-    others = ",".join(p.id for p in hooks.patches() if p.id != "cpu-mem-get-info")
+    others = ",".join(pid for pid in hooks.known_ids() if pid != "cpu-mem-get-info")
     report = scenario(model, tmp_path, disable=others, steps=["start"])
     assert "block_size" in failures(report)["start"]
 
@@ -914,7 +910,10 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     from speculators_compat import hooks
     from speculators_compat.targets import REFUSE_AT_IMPORT
 
-    env["SPECULATORS_COMPAT_DISABLE"] = ",".join(p.id for p in hooks.patches() if p.target not in REFUSE_AT_IMPORT)
+    from speculators_compat import preflight
+
+    env["SPECULATORS_COMPAT_DISABLE"] = ",".join([*(p.id for p in hooks.patches() if p.target not in REFUSE_AT_IMPORT),
+                                                  *preflight.ids()])
     proc = subprocess.run([sys.executable, "-c", CONTRACT], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

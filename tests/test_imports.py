@@ -106,3 +106,57 @@ def test_setup_cfg_ships_every_package():
     listed = set(cfg["options"]["packages"].split())
     packages = {name for name, path in _modules().items() if path.endswith("__init__.py")}
     assert listed == packages
+
+
+def _patch_ids() -> set[str]:
+    """The id of every patch of the patch set, read from its ``PATCH = Patch(id=...)``."""
+    ids = set()
+    for name, path in _modules().items():
+        if not name.startswith(PATCHES):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Patch":
+                ids |= {k.value.value for k in node.keywords if k.arg == "id" and isinstance(k.value, ast.Constant)}
+    return ids
+
+
+#: strings of the engine equal to a patch id that do not name the patch
+NOT_A_PATCH = {("speculators_compat._env", "self-check"): "the value of SPECULATORS_COMPAT_UNVALIDATED"}
+
+
+def _names(tree: ast.AST):
+    """The string literals of ``tree`` that could name something: not a dict key (a field name) and
+    not an entry of ``__all__`` or ``__slots__`` (a Python name)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            skip |= {id(k) for k in node.keys if k is not None}
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) in ("__all__", "__slots__")
+                                                    for t in node.targets):
+            skip |= {id(n) for n in ast.walk(node.value)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            yield node
+
+
+def test_the_engine_names_no_patch():
+    """The engine (``speculators_compat/``, fixtures in ``testing/`` aside) holds no string equal to
+    a patch id: what a patch is and does lives in its module."""
+    ids = _patch_ids()
+    assert {"v5", "shm-transport", "self-check", "guard-input"} <= ids  # the walk sees the patch set
+    offenders = []
+    for name, path in _modules().items():
+        if name.startswith(PATCHES) or name.startswith("speculators_compat.testing"):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        offenders += [f"{name}:{node.lineno} {node.value!r}" for node in _names(tree)
+                      if node.value in ids and (name, node.value) not in NOT_A_PATCH]
+    assert not offenders, offenders
+
+
+def test_the_patch_id_rule_catches_a_named_patch():
+    tree = ast.parse('A = {"v5": 1}\n__all__ = ["v5"]\nif "v5" in applied: pass\n')
+    assert [n.lineno for n in _names(tree) if n.value == "v5"] == [3]

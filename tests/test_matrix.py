@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import matrix
@@ -87,5 +89,38 @@ def test_check_guards_every_generated_file():
     data, envs = matrix.load()
     requirements = {e.requirements for e in envs}
     requirements |= {matrix.os.path.join(matrix.REQUIREMENTS, f"overrides-torch-{t}.txt") for t in data["torch"]}
-    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC, matrix.SUPPORTED,
-                                     matrix.README} | requirements
+    assert set(matrix.outputs()) == {matrix.TOX, matrix.WORKFLOW, matrix.MATRIX_DOC, matrix.PATCHES_DOC,
+                                     matrix.SUPPORTED, matrix.README} | requirements
+
+
+def test_the_patch_list_of_the_docs_follows_the_declarations():
+    import patchdoc
+
+    from speculators_compat import hooks
+
+    with open(matrix.PATCHES_DOC, encoding="utf-8") as fh:
+        text = fh.read()
+    listed = re.findall(r"^#### `([^`]+)`", text, re.M)
+    from speculators_compat import preflight
+
+    assert listed == [p.id for p in sorted(hooks.patches(), key=lambda p: _group_rank(p))] + preflight.ids()
+    v6 = next(p for p in hooks.patches() if p.id == "v6")
+    assert patchdoc.entry(v6) in text and v6.delta in patchdoc.entry(v6)
+    # a changed declaration makes the file stale
+    changed = patchdoc.document(text, [matrix_replace(p, title="changed") if p is v6 else p for p in hooks.patches()])
+    assert changed != text and "#### `v6`: changed" in changed
+    assert "## How a patch decides" in changed  # the hand-written prose stays
+
+
+def _group_rank(patch):
+    import patchdoc
+
+    import speculators_compat.patches as patches
+
+    return patches.GROUPS.index(patchdoc._group(patch))
+
+
+def matrix_replace(patch, **changes):
+    import dataclasses
+
+    return dataclasses.replace(patch, **changes)

@@ -530,49 +530,137 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
 # -- discovery, documentation --------------------------------------------------------------------
 
 
-#: the order the patches of each target apply in (it was the integer priorities' order until
-#: pipelined-steps, whose proxy must sit inside v5's, moved v5 -- and stock-calls, which binds the
-#: calls as every repair edited them -- after the CPU and option patches, which wrap other names;
-#: a new patch takes its place here)
-APPLY_ORDER = {
-    GENERATOR: [
-        "validated-release", "api-inventory", "spawn-workers", "v1", "v1-prefix-caching", "v1-chunked-prefill",
-        "v9", "tokenizer-trust", "runner-v1", "v2", "v6", "v4", "v7", "cpu-mem-get-info", "s04-cpu-mem-get-info",
-        "dtype", "cpu-block-size", "driver-threads", "pipelined-steps", "v5", "stock-calls", "s04-scheduler-loop",
-        "s04-result-order", "results-in-place", "guard-output", "self-check", "guard-input", "atomic-save", "report",
-        "worker-death",
-    ],
-    WORKER: [
-        "v3", "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing",
-        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "offload-captured", "shm-transport", "mrv2-rows",
-        "self-check-reference",
-    ],
-    SPECULATORS_UTILS: [
-        "tf5-config-torch",
-    ],
-    SPECULATORS_CONFIG: [
-        "tf5-attn-mask-utils", "v8",
-    ],
-}
+def _before() -> dict[str, set[str]]:
+    """``{id: the ids it applies after}``: the transitive closure of the declared ``after=``."""
+    by_id = {p.id: p for p in hooks.patches()}
+    out: dict[str, set[str]] = {}
+
+    def closure(pid: str) -> set[str]:
+        if pid not in out:
+            out[pid] = set()
+            for other in by_id[pid].after:
+                out[pid] |= {other} | closure(other)
+        return out[pid]
+
+    for pid in by_id:
+        closure(pid)
+    return out
 
 
-def test_the_declared_order_keeps_the_order_the_patches_applied_in():
-    registry = hooks.patches()
-    for target, ids in APPLY_ORDER.items():
-        assert [p.id for p in registry if p.target == target] == ids, target
-    assert sorted(p.id for p in registry) == sorted(i for ids in APPLY_ORDER.values() for i in ids)
+def _touched() -> dict[tuple[str, str], list]:
+    """``{(owner, name): [(patch, op), ...]}`` over the patch set, read from the apply functions."""
+    import patchset
 
-
-def test_later_patches_wrap_earlier_ones():
-    position = {p.id: i for i, p in enumerate(hooks.patches())}
-    # the guards see the repaired generator; stock-calls binds the calls as the repairs edited them
-    assert position["v5"] < position["stock-calls"] < position["guard-output"] < position["guard-input"]
-    assert position["validated-release"] == 0
-    # worker-death wraps the MultiprocExecutor name v4 wrapped, and its generate() wrapper is the
-    # outermost: it sees the error after guard-input's recovery and report's line
-    assert max(position[p] for p in ("v4", "guard-input", "guard-output", "report")) < position["worker-death"]
+    out: dict[tuple[str, str], list] = {}
     for patch in hooks.patches():
-        assert all(position[other] < position[patch.id] for other in patch.after), patch.id
+        for touch in patchset.touches(patch):
+            out.setdefault(touch.key, []).append((patch, touch.op))
+    return out
+
+
+def test_the_wrap_relation_is_read_from_the_apply_functions():
+    touched = _touched()
+    ids = {key: sorted(p.id for p, _ in found) for key, found in touched.items()}
+    assert ids[(GENERATOR, "MultiprocExecutor")] == ["pipelined-steps", "v4", "v5", "v7", "worker-death"]
+    assert "guard-output" in ids[(f"{GENERATOR}.VllmHiddenStatesGenerator", "generate")]
+    assert ids[(f"{WORKER}.HiddenStatesWorkerExtension", "_get_captured_states")] == ["offload-captured",
+                                                                                       "shm-transport"]
+    assert ids[("torch", "save")] == ["atomic-save"]
+    assert ("define", ) == tuple({op for found in touched.values() for _, op in found if op == "define"})
+
+
+#: speculators releases: two patches whose ranges share none of them never apply together
+SPECULATORS_RELEASES = ("0.3.0", "0.4.0", "0.4.1")
+
+
+def _together(a, b) -> bool:
+    """Whether ``a`` and ``b`` can apply in one process: their speculators ranges overlap."""
+    from packaging.specifiers import SpecifierSet
+
+    return any(v in SpecifierSet(a.speculators) and v in SpecifierSet(b.speculators) for v in SPECULATORS_RELEASES)
+
+
+def test_patches_that_touch_the_same_name_have_a_declared_order():
+    """Wrapping one name twice nests the wrappers: which is outside decides what each sees, so it
+    is declared (``after=``), never left to the tie-break."""
+    before = _before()
+    for key, found in _touched().items():
+        assert len({p.target for p, _ in found}) == 1, (key, [p.id for p, _ in found])
+        for i, (a, _) in enumerate(found):
+            for b, _ in found[i + 1:]:
+                if not _together(a, b):
+                    continue
+                assert a.id in before[b.id] or b.id in before[a.id], f"{a.id} and {b.id} both touch {key}"
+
+
+def test_a_patch_applies_after_the_patch_that_defines_what_it_wraps():
+    before = _before()
+    for key, found in _touched().items():
+        for definer in [p for p, op in found if op == "define"]:
+            assert all(definer.id in before[p.id] for p, op in found if p is not definer), key
+
+
+def test_every_declared_order_is_a_real_one():
+    """An ``after=`` edge says the later patch wraps a name the earlier one touched, or uses the
+    earlier patch's module (it imports it)."""
+    import patchset
+
+    touched: dict[str, set] = {p.id: set() for p in hooks.patches()}
+    for key, found in _touched().items():
+        for p, _ in found:
+            touched[p.id].add(key)
+    modules = {p.id: importlib.import_module(patchset._module_of(p)) for p in hooks.patches()}
+    for patch in hooks.patches():
+        source = inspect.getsource(modules[patch.id])
+        for other in patch.after:
+            leaf = modules[other].__name__.rsplit(".", 1)[-1]
+            shares = touched[patch.id] & touched[other]
+            imports = re.search(rf"^\s*from \.+(\w+\.)?{leaf} import", source, re.M)
+            assert shares or imports, f"{patch.id} after={other!r}: no shared name, no import"
+
+
+def test_the_engine_checks_run_after_every_patch_of_their_target_and_bind_every_edited_call(monkeypatch):
+    """``stock-calls`` takes the ``calls=`` of every patch that applies, with no list of them: a new
+    patch's edit is seen without touching the engine."""
+    from speculators_compat import preflight
+    from speculators_compat.calls import Call
+    from speculators_compat.registry import Decision
+
+    assert preflight.ids() == ["validated-release", "api-inventory", "stock-calls"]
+    assert not {p.id for p in hooks.patches()} & set(preflight.ids())  # checks, not patches
+    calls = [Call("Scheduler", "m", 0, ("vllm_config",), 10)]
+    monkeypatch.setattr(preflight, "stock_calls", lambda view: calls)
+    new, _ = make_patch("a-new-patch", target=GENERATOR)
+    new = Patch(**{**new.__dict__, "calls": {"Scheduler": Edit(add=("block_size",))}})
+    view = types.SimpleNamespace(vllm=types.SimpleNamespace(params=lambda *a: sig("vllm_config", "block_size")))
+    check = next(c for c in preflight.CHECKS if c.id == "stock-calls")
+    probe = check.judge(None, view, [Decision(new, Status.APPLIES, "")], ctx())
+    assert probe.shape.value == "new", probe.evidence
+    probe = check.judge(None, view, [Decision(new, Status.NOT_NEEDED, "")], ctx())
+    assert probe.cause is Cause.CALL_DOES_NOT_BIND and "missing a required argument: 'block_size'" in probe.evidence
+    # after every patch of the target, in the check's report as in the hooks
+    decisions = preflight.evaluate_all([new, make_patch("b", target=WORKER)[0]], view=view,
+                                       ctx=ctx(applied=("a-new-patch", "b")))
+    assert [d.patch.id for d in decisions] == ["a-new-patch", *preflight.ids(), "b"]
+
+
+def test_the_order_does_not_depend_on_the_order_patches_are_found_in():
+    import random
+
+    from speculators_compat.discovery import order
+
+    registry = hooks.patches()
+    rank = {p.id: i for i, p in enumerate(registry)}
+    ids = [p.id for p in registry]
+    key = {p.id: (i, p.id) for i, p in enumerate(sorted(registry, key=lambda p: p.id))}
+    plain = [p.id for p in order(registry)]
+    for seed in range(5):
+        shuffled = random.Random(seed).sample(registry, len(registry))
+        assert [p.id for p in order(shuffled, key=lambda p: rank[p.id])] == ids
+        assert [p.id for p in order(shuffled)] == plain
+        assert [p.id for p in order(shuffled, key=lambda p: key[p.id])] == plain
+    for patch in registry:
+        assert all(rank[other] < rank[patch.id] for other in patch.after), patch.id
 
 
 def test_order_follows_after_then_the_tie_break():
@@ -593,7 +681,7 @@ def test_order_follows_after_then_the_tie_break():
 
 
 def test_every_patch_lives_in_a_group_of_its_kind_under_its_id():
-    groups = {"preflight": {Kind.GUARD}, "transformers5": {Kind.PLATFORM}, "vllm_api": {Kind.DELTA, Kind.FIX},
+    groups = {"transformers5": {Kind.PLATFORM}, "vllm_api": {Kind.DELTA, Kind.FIX},
               "speculators04": {Kind.FIX}, "cpu_platform": {Kind.PLATFORM}, "features": {Kind.FEATURE, Kind.PERFORMANCE},
               "guards": {Kind.GUARD}}
     import speculators_compat.patches as patches
@@ -700,14 +788,14 @@ def sig(*names, optional=(), kwonly=(), varkw=False):
     ],
 )
 def test_binds(params, positional, keywords, why):
-    from speculators_compat.patches.preflight.stock_calls import binds
+    from speculators_compat.preflight import binds
 
     assert binds(params, keywords, positional) == why
 
 
 def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.preflight.stock_calls import _judge
+    from speculators_compat.preflight import judge_calls as _judge
     from speculators_compat.registry import Decision
 
     calls = [Call("Scheduler", "m", 0, ("vllm_config", "kv"), 10), Call("Request", "m", 0, ("rid", "eos"), 20),
@@ -899,7 +987,7 @@ def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path)
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
     from speculators_compat.calls import Call
-    from speculators_compat.patches.preflight.stock_calls import _runtime_signature
+    from speculators_compat.preflight import runtime_signature as _runtime_signature
 
     generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
     generator.Scheduler = lambda vllm_config, block_size: None
@@ -1011,3 +1099,64 @@ def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypa
     monkeypatch.setattr(lifecycle.os, "getpid", lambda: -1)  # a forked child: its parent's executor
     lifecycle._shutdown_at_exit()
     assert calls == [first]
+
+
+def test_an_engine_check_is_listed_before_the_patches_refused_for_the_same_cause():
+    from speculators_compat import preflight
+    from speculators_compat.registry import Decision, rank
+
+    v1, _ = make_patch("v1")
+    ceiling = preflight.CHECKS[0]
+    refused = [Decision(v1, Status.REFUSED, "[v1] not validated", Cause.NOT_VALIDATED),
+               Decision(ceiling, Status.REFUSED, "[validated-release] not validated", Cause.NOT_VALIDATED),
+               Decision(v1, Status.REFUSED, "[v1] unknown", Cause.UNKNOWN_SHAPE)]
+    assert [d.reason for d in sorted(refused, key=rank)] == [
+        "[v1] unknown", "[validated-release] not validated", "[v1] not validated"]
+    assert hooks.refusal_message(refused).index("[validated-release]") < hooks.refusal_message(refused).index(
+        "[v1] not validated")
+    # stock-calls judges the patches' edits: listed after them, in the order decided
+    after = [Decision(v1, Status.DISABLED, "v1 off"), Decision(preflight.CHECKS[2], Status.DISABLED, "calls off")]
+    assert preflight.CHECKS[2].id == "stock-calls" and sorted(after, key=rank) == after
+
+
+def test_revert_undoes_an_entry_point_refusal_before_the_patches_it_wraps(fake_registry, at_versions):
+    write_target(fake_registry["dir"], "fake_target5")
+    mod = importlib.import_module("fake_target5")
+    original = mod.Entry.__init__
+    fake_registry["entry"]["fake_target5"] = ("Entry", "__init__")
+    fake_registry["registry"].extend([make_patch("a", target="fake_target5", attr="Entry.__init__")[0],
+                                      make_patch("b", target="fake_target5", shape="unknown")[0]])
+    speculators_compat.apply()
+    with pytest.raises(IncompatibleVllmError):
+        mod.Entry()
+    speculators_compat.revert()
+    assert vars(mod.Entry)["__init__"] is original
+    sys.modules.pop("fake_target5")
+
+
+def test_revert_undoes_a_patch_applied_over_an_earlier_refusal_first(fake_registry, monkeypatch):
+    write_target(fake_registry["dir"], "fake_target6")
+    mod = importlib.import_module("fake_target6")
+    original = mod.Entry.__init__
+    fake_registry["entry"]["fake_target6"] = ("Entry", "__init__")
+    fake_registry["registry"].extend([make_patch("a", target="fake_target6", attr="Entry.__init__")[0],
+                                      make_patch("b", target="fake_target6", shape="unknown")[0]])
+    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("a", "b"), disabled={"a"}))
+    speculators_compat.apply()  # b refused: the refusal wraps __init__ first
+    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("a", "b")))
+    speculators_compat.apply()  # a applies over it
+    assert speculators_compat.applied_ids() == ["a"]
+    speculators_compat.reset()
+    assert vars(mod.Entry)["__init__"] is original
+    sys.modules.pop("fake_target6")
+
+
+def test_the_hooks_and_the_check_list_the_decisions_in_one_order(fake_registry, at_versions):
+    from speculators_compat import preflight
+
+    patches = [make_patch("a", target=GENERATOR)[0], make_patch("b", target=WORKER)[0],
+               make_patch("c", target=GENERATOR)[0]]
+    fake_registry["registry"].extend(patches)
+    static = preflight.evaluate_all(patches, view=types.SimpleNamespace(), ctx=ctx(applied=("a", "b", "c")))
+    assert [d.patch.id for d in static] == ["a", "b", "c", *preflight.ids()]
+    assert [d.patch.id for d in hooks.status()] == [d.patch.id for d in static]

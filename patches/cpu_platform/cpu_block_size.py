@@ -120,8 +120,7 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.PLATFORM,
     vllm=">=0.29",
-    # wraps CacheConfig outside v1-prefix-caching; after dtype: listing order only
-    after=("v1-prefix-caching", "dtype"),
+    after=("v1-prefix-caching",),  # wraps CacheConfig outside v1-prefix-caching
     target=GENERATOR,
     speculators=SPECULATORS_ALL,
     probe=probe,

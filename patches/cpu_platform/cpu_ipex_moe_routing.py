@@ -207,7 +207,6 @@ PATCH = Patch(
     api=f"{MOE}.IPEXFusedMOE.__call__",
     side=Side.WORKER,
     kind=Kind.PLATFORM,
-    after=("cpu-moe-activation",),  # listing order only
     target=WORKER,
     vllm=">=0.11.1,<0.12",
     speculators=SPECULATORS_ALL,

@@ -96,7 +96,6 @@ PATCH = Patch(
     side=Side.WORKER,
     kind=Kind.PLATFORM,
     vllm=">=0.15,<0.16",
-    after=("cpu-moe-activation",),  # listing order only
     target=WORKER,
     speculators=SPECULATORS_ALL,
     probe=probe,

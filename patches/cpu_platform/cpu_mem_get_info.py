@@ -70,7 +70,6 @@ PATCH = Patch(
     api="torch.cuda.mem_get_info / vllm.platforms.current_platform",
     side=Side.DRIVER,
     kind=Kind.PLATFORM,
-    after=("tokenizer-trust",),  # listing order only
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

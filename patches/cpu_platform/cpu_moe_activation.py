@@ -113,7 +113,6 @@ PATCH = Patch(
     side=Side.WORKER,
     kind=Kind.PLATFORM,
     vllm=">=0.14,<0.15",
-    after=("cpu-rms-norm-strided",),  # listing order only
     target=WORKER,
     speculators=SPECULATORS_ALL,
     probe=probe,

@@ -117,7 +117,6 @@ PATCH = Patch(
     kind=Kind.PLATFORM,
     vllm=">=0.20,<0.25",
     family="cpu-moe-activation",
-    after=("cpu-rms-norm-strided",),  # listing order only
     target=WORKER,
     speculators=SPECULATORS_ALL,
     probe=probe,

@@ -166,7 +166,6 @@ PATCH = Patch(
     side=Side.WORKER,
     kind=Kind.PLATFORM,
     vllm=">=0.12,<0.14",
-    after=("cpu-rotary-3d",),  # listing order only
     target=WORKER,
     speculators=SPECULATORS_ALL,
     probe=probe,

@@ -166,7 +166,9 @@ PATCH = Patch(
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens(non_block=)",
     side=Side.DRIVER,
     kind=Kind.PERFORMANCE,
-    after=("v7",),  # its proxy sits inside v5's two-phase proxy (which calls it) and outside v4's and v7's
+    # its proxy sits inside v5's two-phase proxy (which calls it) and outside v4's and v7's; it
+    # wraps SchedulerConfig outside v1-chunked-prefill's (and inside v5's)
+    after=("v7", "v1-chunked-prefill"),
     target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,

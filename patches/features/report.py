@@ -137,7 +137,7 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.FEATURE,
     depends_on=(),
-    after=("guard-input", "atomic-save"),  # times the whole call; after atomic-save: listing order only
+    after=("guard-input",),  # wraps generate() outside guard-input: times the whole call
     target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,

@@ -108,6 +108,7 @@ def _get(wrapped, instance, args, kwargs):
 def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, STORE, _store)
     patcher.wrap(module.HiddenStatesWorkerExtension, METHOD, _get)
+    patcher.set_item(vars(transport), "ACCEPTING", True)  # the workers take the driver's plans
 
 
 PATCH = Patch(

@@ -126,6 +126,7 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.FEATURE,
     depends_on=(),
+    after=("spawn-workers",),  # wraps __init__ outside it
     target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,

@@ -102,7 +102,6 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.GUARD,
     depends_on=(),
-    after=("guard-input",),  # listing order only
     target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,

@@ -62,7 +62,7 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.FIX,
     vllm=">=0.11.1",
-    after=("v1", "v1-prefix-caching"),  # wraps SchedulerConfig outside v1; after v1-prefix-caching: listing order only
+    after=("v1",),  # wraps SchedulerConfig outside v1 (its keywords reach v1's wrapper)
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

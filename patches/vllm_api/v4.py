@@ -96,7 +96,6 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.11.1",
-    after=("v6",),  # listing order only
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

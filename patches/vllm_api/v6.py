@@ -95,7 +95,6 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.17",
-    after=("tokenizer-trust",),  # listing order only
     target=GENERATOR,
     speculators=SPECULATORS_ALL,
     probe=probe,

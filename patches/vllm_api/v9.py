@@ -61,7 +61,7 @@ PATCH = Patch(
     side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.34",
-    after=("v1-prefix-caching",),  # both wrap the generator's CacheConfig name
+    after=("v1-prefix-caching", "cpu-block-size"),  # all wrap the generator's CacheConfig name (other keywords)
     target=GENERATOR,
     speculators=SPECULATORS_03,
     probe=probe,

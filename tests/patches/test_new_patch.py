@@ -1,0 +1,172 @@
+"""A new patch is one module: discovery, the order, ``check``, the contract test and the generated
+docs pick it up with no other edit.
+
+The patch set here is written to a temporary folder: two patches of a stand-in library
+(``dummy_lib.engine``, which does not exist, so the contract test uses its stand-in target), one
+wrapping what the other wrapped; and a broken patch set whose patch bypasses its ``Patcher``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import patchdoc
+import patchset
+import pytest
+from packaging.version import Version
+
+from speculators_compat import check, hooks, registry, versions
+from speculators_compat.discovery import discover, order
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TARGET = "dummy_lib.engine"
+
+REPAIR = '''
+"""dummy-repair -- the stand-in library's ``Engine.run`` answers in a list again.
+
+Problem: ``Engine.run`` returns its answer bare where the caller indexes a list.
+Detection: ``Engine`` has ``run``. Remove when the stand-in library is gone.
+"""
+
+from speculators_compat.registry import Kind, Patch, Probe, Side
+
+
+def probe(module):
+    return Probe.new("Engine.run found") if hasattr(module.Engine, "run") else Probe.old("no Engine.run")
+
+
+def static_probe(view):
+    return Probe.new("Engine.run (read from nothing: a stand-in)")
+
+
+def _run(wrapped, instance, args, kwargs):
+    return [wrapped(*args, **kwargs)]
+
+
+def apply(module, patcher):
+    patcher.wrap(module.Engine, "run", _run)
+
+
+PATCH = Patch(id="dummy-repair", title="Engine.run answers in a list", delta="Engine.run() -> x instead of [x]",
+              api="dummy_lib.engine.Engine.run", side=Side.DRIVER, kind=Kind.DELTA, target="{target}",
+              speculators=">=0.3.0,<0.5", depends_on=(), probe=probe, static_probe=static_probe, apply=apply,
+              remove_when="the stand-in library is gone")
+'''
+
+GUARD = '''
+"""dummy-guard -- the stand-in library's ``Engine.run`` is checked after the repair.
+
+Problem: nothing checks what ``Engine.run`` returns. Detection: ``Engine`` has ``run``.
+Remove when the stand-in library is gone.
+"""
+
+from speculators_compat.registry import Kind, Patch, Probe, Side
+
+
+def probe(module):
+    return Probe.new("Engine.run found")
+
+
+def static_probe(view):
+    return Probe.new("Engine.run (a stand-in)")
+
+
+def _run(wrapped, instance, args, kwargs):
+    out = wrapped(*args, **kwargs)
+    assert isinstance(out, list)
+    return out
+
+
+def apply(module, patcher):
+    patcher.wrap(module.Engine, "run", _run)
+
+
+PATCH = Patch(id="dummy-guard", title="Engine.run checked", delta="-- (nothing checks Engine.run)",
+              side=Side.DRIVER, kind=Kind.GUARD, target="{target}", speculators=">=0.3.0,<0.5", depends_on=(),
+              after=("dummy-repair",),  # wraps Engine.run outside the repair: checks what it returns
+              probe=probe, static_probe=static_probe, apply=apply, remove_when="the stand-in library is gone")
+'''
+
+#: a patch that changes its target behind its Patcher's back: revert cannot restore it
+BROKEN = REPAIR.replace("dummy-repair", "dummy-broken").replace(
+    'patcher.wrap(module.Engine, "run", _run)', "module.Engine.run = lambda self: [None]")
+
+
+def _write_set(folder, name: str, modules: dict[str, str]) -> None:
+    root = folder / name
+    (root / "extra").mkdir(parents=True)
+    (root / "__init__.py").write_text('"""A patch set of the tests."""\n\nGROUPS = ("extra",)\n')
+    (root / "extra" / "__init__.py").write_text("")
+    for module, text in modules.items():
+        (root / "extra" / f"{module}.py").write_text(textwrap.dedent(text).replace("{target}", TARGET))
+
+
+@pytest.fixture
+def dummy(tmp_path, monkeypatch):
+    _write_set(tmp_path, "dummyset", {"dummy_repair": REPAIR, "dummy_guard": GUARD})
+    _write_set(tmp_path, "brokenset", {"dummy_broken": BROKEN})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.split(".")[0] in ("dummyset", "brokenset")]:
+        del sys.modules[name]
+    hooks.reset()
+    hooks.install(hooks.PATCH_SET)
+
+
+def test_discovery_and_the_order_pick_it_up(dummy):
+    found = discover("dummyset")
+    assert [p.id for p in found] == ["dummy-repair", "dummy-guard"]  # after=, not the id's order
+    both = order([*found[::-1], *hooks.patches()])
+    ids = [p.id for p in both]
+    assert ids.index("dummy-repair") < ids.index("dummy-guard") and len(ids) == len(hooks.patches()) + 2
+    shared = {t.key for t in patchset.touches(found[0])} & {t.key for t in patchset.touches(found[1])}
+    assert shared == {(f"{TARGET}.Engine", "run")}  # what the order's property tests look at
+
+
+def test_check_reports_it(dummy, monkeypatch):
+    installed = registry.Context(vllm=versions.Installed("vllm", Version("0.16.0")),
+                                 speculators=versions.Installed("speculators", Version("0.3.0")),
+                                 disabled=frozenset())
+    monkeypatch.setattr(registry, "context", lambda *a, **k: installed)
+    hooks.install("dummyset")
+    rep = check.report()
+    assert [(p["id"], p["status"]) for p in rep["patches"]] == [("dummy-repair", "applies"),
+                                                                ("dummy-guard", "applies")]
+    assert rep["covered"] is True
+    text = check._text(rep)
+    assert "dummy-repair" in text and "Engine.run answers in a list" in text
+
+
+def test_the_generated_docs_list_it(dummy):
+    text = patchdoc.section(discover("dummyset"), ("extra",))
+    assert "### `extra/`" in text
+    assert "#### `dummy-repair`: Engine.run answers in a list" in text
+    assert "The stand-in library's ``Engine.run`` answers in a list again." in text
+    assert "- delta: Engine.run() -> x instead of [x]" in text
+    assert text.index("`dummy-repair`") < text.index("`dummy-guard`")
+
+
+def _contract(dummy, patch_set: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CONTRACT_PATCH_SET": patch_set,
+           "PYTHONPATH": os.pathsep.join([str(dummy), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                           os.path.join(ROOT, "tests", "patches", "test_contract.py")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_the_contract_test_runs_over_it(dummy):
+    out = _contract(dummy, "dummyset")
+    assert out.returncode == 0, out.stdout[-3000:]
+    for pid in ("dummy-repair", "dummy-guard"):
+        for test in ("test_the_declaration_is_well_formed", "test_apply_twice_then_revert_restores_the_target"):
+            assert f"PASSED tests/patches/test_contract.py::{test}[{pid}]" in out.stdout, out.stdout[-3000:]
+
+
+def test_the_contract_test_fails_a_patch_that_bypasses_its_patcher(dummy):
+    out = _contract(dummy, "brokenset")
+    assert out.returncode == 1
+    assert "FAILED tests/patches/test_contract.py::test_apply_twice_then_revert_restores_the_target[dummy-broken]" \
+        in out.stdout, out.stdout[-3000:]
