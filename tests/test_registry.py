@@ -925,6 +925,22 @@ def test_s04_result_order_inverts_the_string_sort_of_request_ids(n):
 # -- the check -----------------------------------------------------------------------------------
 
 
+def assert_listed_as_check_lists(ids: list[str], by_side: bool = False) -> None:
+    """Every patch once, in the order they apply (``by_side``: the driver's, then the workers'), and
+    each engine check once, after every patch of its target (the checks run after them)."""
+    from speculators_compat import preflight
+
+    checks = set(preflight.ids())
+    patches = hooks.patches()
+    if by_side:
+        patches = [p for p in patches if p.side is Side.DRIVER] + [p for p in patches if p.side is Side.WORKER]
+    assert [i for i in ids if i not in checks] == [p.id for p in patches]
+    assert sorted(i for i in ids if i in checks) == sorted(checks)
+    for check in preflight.CHECKS:
+        of_target = [ids.index(p.id) for p in hooks.patches() if p.target == check.target]
+        assert ids.index(check.id) > max(of_target), (check.id, ids)
+
+
 def test_check_json_follows_the_documented_schema(tmp_path):
     import json
 
@@ -950,7 +966,7 @@ def test_check_json_follows_the_documented_schema(tmp_path):
         assert rep["covered"] is False and rep["apis"] == [] and rep["validation"] is None
         assert rep["patches"] == [] and "vLLM is not installed" in rep["reasons"]
     else:
-        assert [p["id"] for p in rep["patches"]] == [p.id for p in hooks.patches()]
+        assert_listed_as_check_lists(ids=[p["id"] for p in rep["patches"]])
 
 
 ROW = re.compile(r"^  (applies|not needed|left off|disabled|refused|pending)\s+(\S+)  (.*)$")
@@ -966,8 +982,7 @@ def test_check_text_says_the_verdict_first_and_one_line_per_patch(tmp_path):
     if versions.vllm() is None:  # nothing installed: the verdict says so in a few lines
         assert rows == {} and len(out) < 10 and "  - vLLM is not installed" in out
         return
-    assert list(rows) == [p.id for p in hooks.patches() if p.side is Side.DRIVER] + [
-        p.id for p in hooks.patches() if p.side is Side.WORKER]
+    assert_listed_as_check_lists(list(rows), by_side=True)
     for patch in hooks.patches():  # -v: the evidence, then the delta
         row = rows[patch.id][0]
         assert out[row + 2].split(None, 1) == ["delta:", patch.delta], out[row + 2]
