@@ -49,11 +49,13 @@ def _module_of(patch) -> str:
     import sys
 
     modules = list(sys.modules.items())
-    for name, module in modules:
-        if getattr(module, "PATCH", None) is patch:
+    # vars(), not getattr(): a lazy module (transformers') imports submodules for unknown names
+    declared = [(name, getattr(module, "__dict__", {}).get("PATCH")) for name, module in modules]
+    for name, found in declared:
+        if found is patch:
             return name
-    for name, module in modules:  # a copy of a declaration (dataclasses.replace)
-        if getattr(getattr(module, "PATCH", None), "id", None) == patch.id:
+    for name, found in declared:  # a copy of a declaration (dataclasses.replace)
+        if getattr(found, "id", None) == patch.id:
             return name
     raise LookupError(f"no imported module declares {patch.id}")
 

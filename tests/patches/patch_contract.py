@@ -164,16 +164,25 @@ def apply_and_revert(patch, monkeypatch) -> dict:
         if decision.status is not Status.APPLIES:
             raise Skip(f"{decision.status.value} here: {decision.reason}")
         applied = snapshot(patch, module)
+        # what its Patcher recorded: owners the source does not name (found at run time) included
+        patcher = hooks._state.applied.get(patch.id)
+        records = list(patcher.records) if patcher is not None else []
         hooks.apply_module(module)
         again = snapshot(patch, module)
         ids = [i for i in hooks.applied_ids() if i not in preflight.ids()]
         hooks.revert()
         reverted = snapshot(patch, module)
+        left = [str(name) for owner, name, original, own, item in records
+                if (owner.get(name, _MISSING) if item else vars(owner).get(name, _MISSING))
+                is not (original if own or item else _MISSING)]
     finally:
         hooks.reset()
         hooks.install(hooks.PATCH_SET)  # re-applied once, by restore(), where the targets are real
-    return {"fake": fake, "applied": changed(before, applied), "again": changed(applied, again),
-            "reverted": changed(before, reverted), "ids": ids}
+    return {"fake": fake, "applied": changed(before, applied) or sorted(str(r[1]) for r in records),
+            "again": changed(applied, again), "reverted": changed(before, reverted) + left, "ids": ids}
+
+
+_MISSING = object()
 
 
 def probes_agree(patch) -> tuple:
