@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 
-from . import _checkout, _env
-from ._log import logger as _logger
+from .core import _checkout, _env
+from .core._log import logger as _logger
 from .errors import (CaptureContractError, CompatError, ConfigurationError, IncompatibleVllmError, InvalidInputError,
                      SelfCheckError, WorkerDiedError)
-from .hooks import applied_ids, apply, install, reset, revert, status
+from .core.hooks import applied_ids, apply, install, reset, revert, status
 
 __version__ = "0.1.0"
 

@@ -24,15 +24,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "check":
-        from .check import main as check
+        from .check.command import main as check
 
         return check(rest)
     if cmd == "run":
-        from .run import main as run
+        from .run.command import main as run
 
         return run(rest)
     if cmd == "verify":
-        from .verify import main as verify
+        from .run.verify import main as verify
 
         return verify(rest)
     if cmd == "demo":

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", logging.getLevelName(level))  # the workers inherit it
     logging.basicConfig(level=level, format="%(name)s: %(message)s")
     import speculators_compat
-    from speculators_compat import versions
+    from speculators_compat.core import versions
 
     print("speculators-compat demo: " + ("" if args.model else "building a tiny random-weight Llama, then ")
           + "starting the stock generator on vLLM (tens of seconds on a CPU)", flush=True)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 def _patches(side: str, where: str, applied: list[str]) -> str:
     """The patches (and passed engine checks) of ``side`` that applied in ``where``, in the order they
     apply, with their titles."""
-    from speculators_compat import hooks, preflight
+    from speculators_compat.core import hooks, preflight
 
     titles = {p.id: p.title for p in [*hooks.patches(), *preflight.CHECKS] if p.side.value == side}
     ids = [pid for pid in titles if pid in set(applied)]

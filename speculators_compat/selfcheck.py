@@ -33,7 +33,7 @@ import math
 import os
 import random
 
-from . import _env
+from .core import _env
 
 log = logging.getLogger("speculators_compat")
 

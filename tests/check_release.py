@@ -14,15 +14,15 @@ from pathlib import Path
 NEEDED = [
     "speculators_compat/__init__.py",
     "speculators_compat/bootstrap/sitecustomize.py",
-    "speculators_compat/validated.json",
-    "speculators_compat/known_apis.json",
-    "speculators_compat/supported.json",
+    "speculators_compat/check/validated.json",
+    "speculators_compat/check/known_apis.json",
+    "speculators_compat/check/supported.json",
     "speculators_compat/patches/__init__.py",
     "speculators_compat/patches/guards/guard_input.py",
     "speculators_compat/testing/remote_code/kimi_k25/configuration_kimi_k25.py",
 ]
 ENTRY_POINTS = ["speculators-compat = speculators_compat.cli:main",
-                "speculators_compat = speculators_compat.plugin:register"]
+                "speculators_compat = speculators_compat.core.plugin:register"]
 
 
 def main(folder: str) -> int:

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from speculators_compat import _env, hooks
+from speculators_compat.core import _env, hooks
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -23,7 +23,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import matrix
 
-    from speculators_compat import versions
+    from speculators_compat.core import versions
 
     env = matrix.current()
     transformers = versions.installed("transformers")
@@ -51,7 +51,7 @@ def _children_not_armed():
     """``import speculators_compat`` (here, and again at every ``install()``) puts its start-up hook on
     ``PYTHONPATH``: taken off for each test, so that the processes a test starts are armed only the
     way that test says (the scenario's spawned workers, say, get the patches through the vLLM plugin)."""
-    from speculators_compat import children
+    from speculators_compat.core import children
 
     children.disarm()
     yield
@@ -61,7 +61,7 @@ def _children_not_armed():
 @pytest.fixture
 def fake_registry(monkeypatch, tmp_path):
     """Point the engine at a throw-away registry and target module (unit tests only)."""
-    from speculators_compat import targets
+    from speculators_compat.core import targets
 
     hooks.reset()
     state = {}

@@ -4,7 +4,7 @@
 archive with ``<name>/data.pkl`` -- a protocol-2 pickle in which each tensor is
 ``torch._utils._rebuild_tensor_v2(<persistent storage>, 0, size, stride, False, OrderedDict())``
 -- and one ``<name>/data/<key>`` record per storage. ``tests/test_verify.py`` checks, where torch
-is installed, that :mod:`speculators_compat.ptfile` reads torch's own archives the same way.
+is installed, that :mod:`speculators_compat.run.ptfile` reads torch's own archives the same way.
 """
 
 from __future__ import annotations

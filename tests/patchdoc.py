@@ -70,7 +70,7 @@ def section(patches, groups=(), checks=()) -> str:
     if checks:
         out += ["### The engine's checks", "",
                 "They run after every patch of their target, before its entry point does any heavy work "
-                "(`speculators_compat/preflight.py`).", ""]
+                "(`speculators_compat/core/preflight.py`).", ""]
         out += [part for check in checks for part in (entry(check), "")]
     out.append(END)
     return "\n".join(out)
@@ -80,18 +80,18 @@ def document(text: str, patches=None, groups=None) -> str:
     """``text`` (docs/patches.md) with its generated list replaced by the list of ``patches`` (default:
     the shipped patch set)."""
     if patches is None:
-        from speculators_compat import hooks
+        from speculators_compat.core import hooks
 
         patches = hooks.patches()
     if groups is None:
         groups = importlib.import_module(hooks_patch_set()).GROUPS
-    from speculators_compat import preflight
+    from speculators_compat.core import preflight
 
     start, stop = text.index(BEGIN), text.index(END) + len(END)
     return text[:start] + section(patches, groups, preflight.CHECKS) + text[stop:]
 
 
 def hooks_patch_set() -> str:
-    from speculators_compat import hooks
+    from speculators_compat.core import hooks
 
     return hooks.PATCH_SET

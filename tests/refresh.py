@@ -212,7 +212,9 @@ def _covered(runs: list[dict], vllm: str, speculators: str, transformers: str) -
     -- its delta depending on transformers alone -- a run on that line found it not needed."""
     from packaging.version import Version
 
-    from speculators_compat import hooks, validation
+    from speculators_compat.core import hooks
+
+    from speculators_compat.check import validation
 
     t = Version(transformers)
     mine = [r for r in runs if _line(Version(r["speculators"])) == _line(Version(speculators))]
@@ -361,7 +363,7 @@ def refresh(table_path: str, validated_path: str, index: str | None = None, dry_
             load=None, speculators: str | None = None) -> tuple[list[Row], list[str]]:
     """The rows, and the names of the entries added to ``table_path`` (none with ``dry_run``)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from speculators_compat import validation
+    from speculators_compat.check import validation
 
     data, envs = load(table_path)
     runs = validation.load.__wrapped__(validated_path)["runs"]

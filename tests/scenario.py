@@ -184,7 +184,9 @@ def main() -> int:
         file is left in the shared-memory folder."""
         import glob
 
-        from speculators_compat import hooks, transport
+        from speculators_compat.core import hooks
+
+        from speculators_compat import transport
 
         if "results-in-place" not in hooks.applied_ids():
             return "not applied"
@@ -347,7 +349,8 @@ def main() -> int:
         return compare(args.model, batch, holder["gen"].generate(batch))
 
     def step_selfcheck():
-        from speculators_compat import hooks, selfcheck
+        from speculators_compat.core import hooks
+        from speculators_compat import selfcheck
         from speculators_compat.errors import SelfCheckError
 
         if "self-check" not in hooks.applied_ids():

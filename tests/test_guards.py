@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("wrapt")
 
-from speculators_compat import lifecycle  # noqa: E402
+from speculators_compat.run import lifecycle  # noqa: E402
 from speculators_compat.errors import InvalidInputError, WorkerDiedError  # noqa: E402
 from speculators_compat.patches.features import pipelined_steps  # noqa: E402
 from speculators_compat.patches.guards import guard_input, worker_death  # noqa: E402

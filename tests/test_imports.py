@@ -65,9 +65,9 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_walk_sees_the_library():
     graph = _graph()
-    assert {"speculators_compat.hooks", "speculators_compat.registry", f"{PATCHES}.vllm_api.v5",
+    assert {"speculators_compat.core.hooks", "speculators_compat.core.registry", f"{PATCHES}.vllm_api.v5",
             f"{PATCHES}.features.shm_transport"} <= set(graph)
-    assert "speculators_compat.lifecycle" in graph[f"{PATCHES}.guards.worker_death"]
+    assert "speculators_compat.run.lifecycle" in graph[f"{PATCHES}.guards.worker_death"]
     assert f"{PATCHES}.features.offload_captured" in graph[f"{PATCHES}.features.shm_transport"]
 
 
@@ -123,7 +123,7 @@ def _patch_ids() -> set[str]:
 
 
 #: strings of the engine equal to a patch id that do not name the patch
-NOT_A_PATCH = {("speculators_compat._env", "self-check"): "the value of SPECULATORS_COMPAT_UNVALIDATED"}
+NOT_A_PATCH = {("speculators_compat.core._env", "self-check"): "the value of SPECULATORS_COMPAT_UNVALIDATED"}
 
 
 def _names(tree: ast.AST):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from speculators_compat.patches.cpu_platform import cpu_kimi_k25_device
 from speculators_compat.patches.features import tokenizer_trust
-from speculators_compat.registry import Patcher, Shape
+from speculators_compat.core.registry import Patcher, Shape
 
 # the two calls as speculators 0.3.0 and 0.4.0.1 write them in VllmHiddenStatesGenerator.__init__
 STOCK_INIT = '''def __init__(

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import matrix
-from speculators_compat import validation
+from speculators_compat.check import validation
 
 
 def test_generated_files_are_up_to_date():
@@ -96,12 +96,12 @@ def test_check_guards_every_generated_file():
 def test_the_patch_list_of_the_docs_follows_the_declarations():
     import patchdoc
 
-    from speculators_compat import hooks
+    from speculators_compat.core import hooks
 
     with open(matrix.PATCHES_DOC, encoding="utf-8") as fh:
         text = fh.read()
     listed = re.findall(r"^#### `([^`]+)`", text, re.M)
-    from speculators_compat import preflight
+    from speculators_compat.core import preflight
 
     assert listed == [p.id for p in sorted(hooks.patches(), key=lambda p: _group_rank(p))] + preflight.ids()
     v6 = next(p for p in hooks.patches() if p.id == "v6")

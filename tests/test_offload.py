@@ -12,7 +12,7 @@ import contextlib
 from types import SimpleNamespace
 
 from speculators_compat.patches.features import offload_captured
-from speculators_compat.registry import Patcher, Shape
+from speculators_compat.core.registry import Patcher, Shape
 
 
 class DeviceTensor:

@@ -22,12 +22,12 @@ pytest.importorskip("speculators")
 
 import matrix  # noqa: E402
 
-from speculators_compat import _env, versions  # noqa: E402
+from speculators_compat.core import _env, versions  # noqa: E402
 
 SCRIPT = r"""
 import multiprocessing, sys, time
 import speculators_compat
-from speculators_compat import validation
+from speculators_compat.check import validation
 from speculators_compat.testing import tiny
 if sys.argv[2] == "hide-record":  # a release nobody validated: no record covers it
     validation.load_table = lambda path=validation.SUPPORTED_FILE: {"schema": 1, "speculators": {}}

@@ -12,7 +12,7 @@ import pytest
 
 import matrix
 import refresh
-from speculators_compat import validation
+from speculators_compat.check import validation
 
 TABLE = """
 [torch]

@@ -21,11 +21,12 @@ import pytest
 from packaging.version import Version
 
 import speculators_compat
-from speculators_compat import _env, hooks, validation, versions
+from speculators_compat.core import _env, hooks, versions
+from speculators_compat.check import validation
 from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.registry import (Cause, Context, Edit, Kind, Patch, Probe, Side, Status, evaluate,
+from speculators_compat.core.registry import (Cause, Context, Edit, Kind, Patch, Probe, Side, Status, evaluate,
                                         uncovered_release, unknown_disabled, verdict)
-from speculators_compat.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
+from speculators_compat.core.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -371,7 +372,7 @@ def test_a_probe_that_cannot_read_its_target_refuses():
 @pytest.fixture
 def at_versions(monkeypatch):
     def set_versions(vllm="0.16.0", spec="0.3.0", applied=("p1", "a", "b", "c", "x", "y", "r")):
-        monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(vllm, spec, applied))
+        monkeypatch.setattr("speculators_compat.core.registry.context", lambda: ctx(vllm, spec, applied))
 
     set_versions()
     return set_versions
@@ -427,12 +428,12 @@ def test_disable_switch(fake_registry, at_versions, monkeypatch):
     write_target(fake_registry["dir"], "fake_target3")
     mod = importlib.import_module("fake_target3")
     fake_registry["registry"].extend([make_patch("x", target="fake_target3")[0], make_patch("y", target="fake_target3")[0]])
-    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("x", "y"), disabled={"x"}))
+    monkeypatch.setattr("speculators_compat.core.registry.context", lambda: ctx(applied=("x", "y"), disabled={"x"}))
     speculators_compat.apply()
     assert mod.f(1) == ("wrapped", "y", 1)
     assert speculators_compat.applied_ids() == ["y"]
     speculators_compat.reset()
-    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("x", "y"), disabled={"all"}))
+    monkeypatch.setattr("speculators_compat.core.registry.context", lambda: ctx(applied=("x", "y"), disabled={"all"}))
     speculators_compat.apply()
     assert mod.f(1) == 1
     sys.modules.pop("fake_target3")
@@ -472,7 +473,7 @@ def test_a_patch_whose_apply_fails_is_undone_and_refused(fake_registry, at_versi
 
 
 def test_patcher_wraps_inherited_and_dotted_names():
-    from speculators_compat.registry import Patcher
+    from speculators_compat.core.registry import Patcher
 
     class Base:
         def m(self):
@@ -512,7 +513,7 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
     folder.joinpath(parts[-1] + ".py").write_text("class VllmHiddenStatesGenerator:\n    pass\n")
     code = (
         "import sys, speculators_compat\n"
-        "from speculators_compat import hooks\n"
+        "from speculators_compat.core import hooks\n"
         "before = 'wrapt' in sys.modules, sorted(hooks._state.hooked)\n"
         f"import {GENERATOR}\n"
         "after = 'wrapt' in sys.modules, sorted(hooks._state.hooked)\n"
@@ -622,9 +623,9 @@ def test_every_declared_order_is_a_real_one():
 def test_the_engine_checks_run_after_every_patch_of_their_target_and_bind_every_edited_call(monkeypatch):
     """``stock-calls`` takes the ``calls=`` of every patch that applies, with no list of them: a new
     patch's edit is seen without touching the engine."""
-    from speculators_compat import preflight
-    from speculators_compat.calls import Call
-    from speculators_compat.registry import Decision
+    from speculators_compat.core import preflight
+    from speculators_compat.check.calls import Call
+    from speculators_compat.core.registry import Decision
 
     assert preflight.ids() == ["validated-release", "api-inventory", "stock-calls"]
     assert not {p.id for p in hooks.patches()} & set(preflight.ids())  # checks, not patches
@@ -647,7 +648,7 @@ def test_the_engine_checks_run_after_every_patch_of_their_target_and_bind_every_
 def test_the_order_does_not_depend_on_the_order_patches_are_found_in():
     import random
 
-    from speculators_compat.discovery import order
+    from speculators_compat.core.discovery import order
 
     registry = hooks.patches()
     rank = {p.id: i for i, p in enumerate(registry)}
@@ -664,7 +665,7 @@ def test_the_order_does_not_depend_on_the_order_patches_are_found_in():
 
 
 def test_order_follows_after_then_the_tie_break():
-    from speculators_compat.discovery import order
+    from speculators_compat.core.discovery import order
 
     def p(pid, after=(), target="t"):
         return Patch(id=pid, title=pid, delta="d", side=Side.DRIVER, target=target, speculators=">=0.3",
@@ -750,7 +751,7 @@ def test_every_registered_patch_is_documented():
 def test_the_checkout_root_works_without_installing(tmp_path):
     """From the root of a source checkout, ``speculators_compat.patches`` is the sibling
     ``patches/`` folder (installed, it is the subpackage)."""
-    code = ("import speculators_compat.patches as p, sys; from speculators_compat import hooks; "
+    code = ("import speculators_compat.patches as p, sys; from speculators_compat.core import hooks; "
             "print(p.__file__, len(hooks.patches()))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
@@ -788,15 +789,15 @@ def sig(*names, optional=(), kwonly=(), varkw=False):
     ],
 )
 def test_binds(params, positional, keywords, why):
-    from speculators_compat.preflight import binds
+    from speculators_compat.core.preflight import binds
 
     assert binds(params, keywords, positional) == why
 
 
 def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
-    from speculators_compat.calls import Call
-    from speculators_compat.preflight import judge_calls as _judge
-    from speculators_compat.registry import Decision
+    from speculators_compat.check.calls import Call
+    from speculators_compat.core.preflight import judge_calls as _judge
+    from speculators_compat.core.registry import Decision
 
     calls = [Call("Scheduler", "m", 0, ("vllm_config", "kv"), 10), Call("Request", "m", 0, ("rid", "eos"), 20),
              Call("SamplingParams", "m", 0, ("max_tokens",), 30)]
@@ -814,8 +815,8 @@ def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
 
 
 def test_stock_calls_are_read_from_the_generator_source(tmp_path):
-    from speculators_compat.calls import stock_calls
-    from speculators_compat.sources import Sources, StaticView
+    from speculators_compat.check.calls import stock_calls
+    from speculators_compat.check.sources import Sources, StaticView
 
     gen = tmp_path / "speculators" / "data_generation"
     gen.mkdir(parents=True)
@@ -928,7 +929,7 @@ def test_s04_result_order_inverts_the_string_sort_of_request_ids(n):
 def assert_listed_as_check_lists(ids: list[str], by_side: bool = False) -> None:
     """Every patch once, in the order they apply (``by_side``: the driver's, then the workers'), and
     each engine check once, after every patch of its target (the checks run after them)."""
-    from speculators_compat import preflight
+    from speculators_compat.core import preflight
 
     checks = set(preflight.ids())
     patches = hooks.patches()
@@ -1001,8 +1002,8 @@ def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path)
 
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
-    from speculators_compat.calls import Call
-    from speculators_compat.preflight import runtime_signature as _runtime_signature
+    from speculators_compat.check.calls import Call
+    from speculators_compat.core.preflight import runtime_signature as _runtime_signature
 
     generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
     generator.Scheduler = lambda vllm_config, block_size: None
@@ -1015,7 +1016,7 @@ def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them
 def test_a_refusal_at_an_import_time_target_fails_that_import(fake_registry, at_versions, monkeypatch):
     """speculators.utils/.config have no entry point to stop: a refused patch there fails the
     import with the refusal (not with the foreign traceback that would follow)."""
-    from speculators_compat import targets
+    from speculators_compat.core import targets
     from speculators_compat.errors import IncompatibleVllmError
 
     write_target(fake_registry["dir"], "fake_target6")
@@ -1030,7 +1031,7 @@ def test_a_refusal_at_an_import_time_target_fails_that_import(fake_registry, at_
 
 
 def test_patcher_define_binds_a_new_name_and_undo_removes_it():
-    from speculators_compat.registry import Patcher
+    from speculators_compat.core.registry import Patcher
 
     module = types.ModuleType("m")
     patcher = Patcher()
@@ -1043,7 +1044,7 @@ def test_patcher_define_binds_a_new_name_and_undo_removes_it():
 
 
 def test_patcher_set_item_replaces_an_entry_and_undo_restores_it():
-    from speculators_compat.registry import Patcher
+    from speculators_compat.core.registry import Patcher
 
     table = {"silu": "the lambda", "gelu": "gelu"}
     patcher = Patcher()
@@ -1094,7 +1095,7 @@ def test_tf5_attn_mask_stand_in_exists_only_while_speculators_populates(monkeypa
 
 
 def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypatch):
-    from speculators_compat import lifecycle
+    from speculators_compat.run import lifecycle
 
     registered, calls = [], []
     monkeypatch.setattr(lifecycle, "_at_exit", [])
@@ -1117,8 +1118,8 @@ def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypa
 
 
 def test_an_engine_check_is_listed_before_the_patches_refused_for_the_same_cause():
-    from speculators_compat import preflight
-    from speculators_compat.registry import Decision, rank
+    from speculators_compat.core import preflight
+    from speculators_compat.core.registry import Decision, rank
 
     v1, _ = make_patch("v1")
     ceiling = preflight.CHECKS[0]
@@ -1156,9 +1157,9 @@ def test_revert_undoes_a_patch_applied_over_an_earlier_refusal_first(fake_regist
     fake_registry["entry"]["fake_target6"] = ("Entry", "__init__")
     fake_registry["registry"].extend([make_patch("a", target="fake_target6", attr="Entry.__init__")[0],
                                       make_patch("b", target="fake_target6", shape="unknown")[0]])
-    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("a", "b"), disabled={"a"}))
+    monkeypatch.setattr("speculators_compat.core.registry.context", lambda: ctx(applied=("a", "b"), disabled={"a"}))
     speculators_compat.apply()  # b refused: the refusal wraps __init__ first
-    monkeypatch.setattr("speculators_compat.registry.context", lambda: ctx(applied=("a", "b")))
+    monkeypatch.setattr("speculators_compat.core.registry.context", lambda: ctx(applied=("a", "b")))
     speculators_compat.apply()  # a applies over it
     assert speculators_compat.applied_ids() == ["a"]
     speculators_compat.reset()
@@ -1167,7 +1168,7 @@ def test_revert_undoes_a_patch_applied_over_an_earlier_refusal_first(fake_regist
 
 
 def test_the_hooks_and_the_check_list_the_decisions_in_one_order(fake_registry, at_versions):
-    from speculators_compat import preflight
+    from speculators_compat.core import preflight
 
     patches = [make_patch("a", target=GENERATOR)[0], make_patch("b", target=WORKER)[0],
                make_patch("c", target=GENERATOR)[0]]

@@ -2,7 +2,7 @@
 the atomic writes, the recognition of the stock script, and the runner's exit codes.
 
 A ``torch.save`` file is a zip archive with an ``<name>/data.pkl`` record; the tests write
-such archives with :mod:`zipfile` (what :func:`speculators_compat.resume.check_sample` reads).
+such archives with :mod:`zipfile` (what :func:`speculators_compat.run.resume.check_sample` reads).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from speculators_compat import atomic, resume
+from speculators_compat.run import atomic, resume
 
 HERE = Path(__file__).parent
 
@@ -116,7 +116,7 @@ def test_a_new_folder_is_created_locked_and_protected(tmp_path, caplog):
         assert "no complete sample yet, the run starts at data_0.pt" in caplog.text
         # a second process on the same folder is refused while this one holds it
         code = (
-            "import sys; from speculators_compat import resume\n"
+            "import sys; from speculators_compat.run import resume\n"
             "try:\n    resume.lock(resume.Path(sys.argv[1]))\n"
             "except resume.OutputFolderError as e:\n    print('refused:', e)\n"
         )
@@ -288,7 +288,7 @@ def test_sample_lengths_of_the_04_script_are_completed_for_the_kept_samples(tmp_
 def test_shared_memory_a_killed_run_left_is_removed_by_the_next_run(tmp_path):
     from multiprocessing import resource_tracker, shared_memory
 
-    from speculators_compat import leftovers
+    from speculators_compat.run import leftovers
 
     out = tmp_path / "out"
     out.mkdir()
@@ -310,7 +310,7 @@ def test_shared_memory_a_killed_run_left_is_removed_by_the_next_run(tmp_path):
 
 
 def test_a_run_that_ends_normally_leaves_no_record(tmp_path):
-    from speculators_compat import leftovers
+    from speculators_compat.run import leftovers
 
     recorder = leftovers.Recorder(tmp_path, interval=0.05).start()
     (tmp_path / leftovers.RECORD).write_text('["psm_0"]')  # as if something had been recorded
@@ -356,7 +356,7 @@ def test_a_process_spawned_from_a_runner_script_imports_the_script_with_the_hook
 
 
 def test_the_start_up_hook_runs_a_shadowed_sitecustomize(tmp_path):
-    from speculators_compat import children
+    from speculators_compat.core import children
 
     other = tmp_path / "other"
     other.mkdir()
@@ -407,7 +407,7 @@ def test_import_first_arms_the_processes_multiprocessing_spawns(tmp_path, revert
     """``import speculators_compat`` first, then the script (no runner): a spawned child re-imports
     the script with the hooks armed; a ``sitecustomize`` and the ``PYTHONPATH`` entries already
     there are kept; ``revert()`` takes the hook off again and leaves ``PYTHONPATH`` as it was."""
-    from speculators_compat import children
+    from speculators_compat.core import children
 
     script = tmp_path / "spawner.py"
     script.write_text(SPAWNER)
@@ -436,7 +436,7 @@ def test_import_first_arms_the_processes_multiprocessing_spawns(tmp_path, revert
 
 
 def test_arm_and_disarm_keep_what_was_there(monkeypatch):
-    from speculators_compat import children
+    from speculators_compat.core import children
 
     monkeypatch.setattr(children, "_added", [])
     monkeypatch.setattr(children, "_was_set", [])

@@ -10,7 +10,9 @@ import types
 
 import pytest
 
-from speculators_compat import _env, selfcheck
+from speculators_compat.core import _env
+
+from speculators_compat import selfcheck
 from speculators_compat.errors import InvalidInputError, SelfCheckError
 
 

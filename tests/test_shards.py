@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import matrix
-from speculators_compat import manifest, parallel, resume, shards, verify
+from speculators_compat.run import manifest, parallel, resume, shards, verify
 
 # no vLLM needed: the unit tests and the full suites run them, not every release of the matrix
 pytestmark = matrix.suite_is("full")

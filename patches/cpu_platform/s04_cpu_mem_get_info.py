@@ -18,8 +18,8 @@ Remove when speculators asks vLLM's platform for device memory.
 
 from __future__ import annotations
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._ranges import SPECULATORS_04
 from .cpu_mem_get_info import platform_memory

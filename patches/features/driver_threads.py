@@ -29,8 +29,8 @@ import inspect
 import logging
 import os
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._ranges import SPECULATORS_ALL
 

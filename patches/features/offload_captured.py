@@ -37,8 +37,8 @@ the CPU (where it is not needed). Remove when speculators offloads captured stat
 
 from __future__ import annotations
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import WORKER
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import WORKER
 
 from .._ranges import SPECULATORS_ALL
 

@@ -37,9 +37,9 @@ import os
 
 import wrapt
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
 
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import params, static_params, vllm_module
 from .._ranges import SPECULATORS_03

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
 
 from speculators_compat import transport
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generate_probes, vllm_module
 from .._ranges import SPECULATORS_03

@@ -38,10 +38,12 @@ import logging
 import os
 import time
 
-from speculators_compat import lifecycle, selfcheck
+from speculators_compat.run import lifecycle
+
+from speculators_compat import selfcheck
 from speculators_compat.errors import SelfCheckError
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generate_probes, vllm_module
 from .._ranges import SPECULATORS_03

@@ -38,9 +38,11 @@ from __future__ import annotations
 import logging
 import os
 
-from speculators_compat import hooks, selfcheck
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import WORKER
+from speculators_compat.core import hooks
+
+from speculators_compat import selfcheck
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import WORKER
 
 from .._ranges import SPECULATORS_03
 from ..vllm_api import mrv2_rows

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import os
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import WORKER
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import WORKER
 
 from speculators_compat import transport
 

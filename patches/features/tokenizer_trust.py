@@ -41,8 +41,8 @@ from __future__ import annotations
 import contextvars
 import logging
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generate_probes
 from .._ranges import SPECULATORS_ALL

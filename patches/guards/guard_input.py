@@ -51,8 +51,8 @@ import re
 import sys
 
 from speculators_compat.errors import InvalidInputError
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._idle_output import forget_idle
 from .._probes import generator_members, generator_methods, source_of

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from speculators_compat import transport
 from speculators_compat.errors import CaptureContractError
-from speculators_compat.registry import Kind, Patch, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL

@@ -55,11 +55,11 @@ import os
 import time
 import weakref
 
-from speculators_compat import leftovers
+from speculators_compat.run import leftovers
 from speculators_compat.errors import WorkerDiedError
-from speculators_compat.lifecycle import dead_workers, real_executor, watch_workers
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.run.lifecycle import dead_workers, real_executor, watch_workers
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generator_members, source_of, vllm_module
 from .._ranges import SPECULATORS_ALL

@@ -19,8 +19,8 @@ Remove when speculators returns results in input order (deleted generator in 0.5
 
 from __future__ import annotations
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generate_probes
 from .._ranges import SPECULATORS_04

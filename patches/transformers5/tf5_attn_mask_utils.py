@@ -36,8 +36,8 @@ import sys
 import types
 
 from speculators_compat.errors import CompatError
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import SPECULATORS_CONFIG
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import SPECULATORS_CONFIG
 
 from .._probes import transformers_version
 from .._ranges import SPECULATORS_03
@@ -66,7 +66,7 @@ def stand_in() -> types.ModuleType:
 
 
 def _speculators_imports_it(view=None) -> bool:
-    from speculators_compat.sources import Sources
+    from speculators_compat.check.sources import Sources
 
     src = view.speculators if view is not None else Sources("speculators")
     return (REMOVED, FUNCTION) in src.imports(IMPORTER, "transformers")
@@ -93,7 +93,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    from speculators_compat.sources import Sources
+    from speculators_compat.check.sources import Sources
 
     # read the installed files: find_spec would import transformers (and torch with it)
     exists = Sources("transformers").module_file(REMOVED) is not None

@@ -31,8 +31,8 @@ from __future__ import annotations
 import os
 
 from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._probes import source_of
 from .._ranges import SPECULATORS_ALL
@@ -78,7 +78,7 @@ def _init(wrapped, instance, args, kwargs):
     if value is None:
         os.environ[VAR] = "0"
     elif _true(value):
-        from speculators_compat import versions
+        from speculators_compat.core import versions
 
         raise IncompatibleVllmError(
             f"[runner-v1] {VAR}={value}: Model Runner V2 lays a step's rows out by token count and the "

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import os
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
-from speculators_compat.targets import GENERATOR
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.targets import GENERATOR
 
 from .._ranges import SPECULATORS_ALL
 

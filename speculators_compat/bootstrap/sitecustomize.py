@@ -1,7 +1,7 @@
 """Start-up hook of the processes started by a process that imported ``speculators_compat``.
 
 ``import speculators_compat`` (and ``speculators-compat run``) puts this folder first on
-``PYTHONPATH`` (:mod:`speculators_compat.children`), so every Python process it starts, and
+``PYTHONPATH`` (:mod:`speculators_compat.core.children`), so every Python process it starts, and
 every process those start, imports ``speculators_compat`` at start-up (which arms the import
 hooks; it imports neither torch nor vLLM). That matters for the processes multiprocessing
 *spawns* (vLLM's workers): a spawned child re-imports the user's script as ``__mp_main__``

@@ -45,7 +45,7 @@ def _threads_bind(tensor_parallel_size: int) -> str:
     empty CPU lists) and the default "auto" wants a NUMA node per rank."""
     from packaging.version import Version
 
-    from .. import versions
+    from ..core import versions
 
     found = versions.vllm()
     if found is None or found.base < Version("0.20"):
@@ -58,7 +58,7 @@ def _dtype_keyword() -> str:
     """``dtype`` (transformers >= 4.56; v5 deprecates ``torch_dtype``), else ``torch_dtype``."""
     from packaging.version import Version
 
-    from .. import versions
+    from ..core import versions
 
     found = versions.installed("transformers")
     return "dtype" if found is not None and found.version >= Version("4.56") else "torch_dtype"

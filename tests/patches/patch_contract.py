@@ -21,8 +21,8 @@ import types
 import patchset
 from packaging.specifiers import SpecifierSet
 
-from speculators_compat import hooks, preflight, registry, targets
-from speculators_compat.registry import Decision, Kind, Side, Status
+from speculators_compat.core import hooks, preflight, registry, targets
+from speculators_compat.core.registry import Decision, Kind, Side, Status
 
 
 class _Stub(type):
@@ -188,7 +188,7 @@ _MISSING = object()
 def probes_agree(patch) -> tuple:
     """``(runtime probe, static probe)`` of ``patch`` on the installed stock code (every patch
     reverted meanwhile)."""
-    from speculators_compat.sources import StaticView
+    from speculators_compat.check.sources import StaticView
 
     module = real_target(patch)
     if module is None:

@@ -16,8 +16,8 @@ import patch_contract
 import patchset
 import pytest
 
-from speculators_compat import hooks
-from speculators_compat.discovery import discover
+from speculators_compat.core import hooks
+from speculators_compat.core.discovery import discover
 
 PATCH_SET = os.environ.get("CONTRACT_PATCH_SET", hooks.PATCH_SET)
 PATCHES = discover(PATCH_SET)

@@ -18,8 +18,10 @@ import patchset
 import pytest
 from packaging.version import Version
 
-from speculators_compat import check, hooks, registry, versions
-from speculators_compat.discovery import discover, order
+from speculators_compat.check import command as check
+
+from speculators_compat.core import hooks, registry, versions
+from speculators_compat.core.discovery import discover, order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TARGET = "dummy_lib.engine"
@@ -31,7 +33,7 @@ Problem: ``Engine.run`` returns its answer bare where the caller indexes a list.
 Detection: ``Engine`` has ``run``. Remove when the stand-in library is gone.
 """
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
 
 
 def probe(module):
@@ -63,7 +65,7 @@ Problem: nothing checks what ``Engine.run`` returns. Detection: ``Engine`` has `
 Remove when the stand-in library is gone.
 """
 
-from speculators_compat.registry import Kind, Patch, Probe, Side
+from speculators_compat.core.registry import Kind, Patch, Probe, Side
 
 
 def probe(module):

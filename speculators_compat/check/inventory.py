@@ -2,10 +2,10 @@
 
 Every name the stock generator and worker extension import from vLLM (read from the
 installed speculators sources), plus the methods they call on the executor and the
-scheduler, is looked up in the installed vLLM sources (:mod:`speculators_compat.sources`,
+scheduler, is looked up in the installed vLLM sources (:mod:`speculators_compat.check.sources`,
 nothing imported). Each API's signature is compared with the signatures recorded from the
 real vLLM releases this library is validated on (``known_apis.json``, written by
-``python -m speculators_compat.inventory --record`` in each release's environment):
+``python -m speculators_compat.check.inventory --record`` in each release's environment):
 
 - ``known``: the signature is one recorded on a validated release (named);
 - ``compatible``: not recorded, but it only adds optional parameters to a recorded one
@@ -16,7 +16,7 @@ real vLLM releases this library is validated on (``known_apis.json``, written by
   with the module, the expected signature (newest recorded) and the one found.
 
 An unknown shape means the installed vLLM has drifted beyond what the registry knows;
-the ``api-inventory`` check (:mod:`speculators_compat.preflight`) turns that into a refusal
+the ``api-inventory`` check (:mod:`speculators_compat.core.preflight`) turns that into a refusal
 before the executor starts (``SPECULATORS_COMPAT_DISABLE=api-inventory`` proceeds at the user's risk).
 """
 
@@ -28,7 +28,7 @@ import sys
 from functools import lru_cache
 
 from .sources import Sources, StaticView, render
-from .targets import GENERATOR, WORKER
+from ..core.targets import GENERATOR, WORKER
 
 __all__ = ["inventory", "unknown", "KNOWN_FILE"]
 
@@ -209,7 +209,7 @@ def where_now(src: Sources, module: str, name: str) -> str:
 
 
 def _parse(sig: str) -> dict[str, bool] | None:
-    """``{name: required}`` from :func:`~speculators_compat.sources.render` text."""
+    """``{name: required}`` from :func:`~speculators_compat.check.sources.render` text."""
     if sig in (ABSENT, PRESENT) or not sig.startswith("("):
         return None
     out = {}
@@ -308,7 +308,8 @@ def merge_tables(other: str, path: str = KNOWN_FILE) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m speculators_compat.inventory", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m speculators_compat.check.inventory",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--record", action="store_true", help="add the installed vLLM's shapes to the table")
     ap.add_argument("--root", help="read vLLM from this folder (an unpacked wheel's vllm/) instead")
     ap.add_argument("--release", help="the release name to record (default: the installed vLLM's base version)")
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     view = StaticView(vllm=Sources("vllm", args.root) if args.root else None, cpu=False)
     if args.record:
-        from . import versions
+        from ..core import versions
 
         release = args.release or str(versions.vllm().base)
         merge(release, record(view), args.out)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from .targets import GENERATOR, WORKER
+from ..core.targets import GENERATOR, WORKER
 
 __all__ = ["Call", "stock_calls", "RECEIVERS"]
 

@@ -1,7 +1,7 @@
 """One shard of speculators' offline data-generation script, the script unchanged.
 
 ``speculators-compat run`` with a shard (``--shard I/N``, or a launcher's ``RANK`` /
-``SLURM_PROCID``, see :mod:`speculators_compat.shards`) runs the stock script as it is; what
+``SLURM_PROCID``, see :mod:`speculators_compat.run.shards`) runs the stock script as it is; what
 changes happens around three of its functions, in the script's own namespace, for the time of
 its one call of ``generate_and_save_hidden_states(args, dataset)``:
 
@@ -14,7 +14,7 @@ its one call of ``generate_and_save_hidden_states(args, dataset)``:
   it writes ``data_<start + j>.pt``, their global indices. Before that, the folder's
   ``shards.json`` is written or checked (same dataset, same number of shards), and whatever a
   killed run of this shard left that its resume would get wrong is set aside, as for a run that
-  is not sharded, but only within the block (:func:`speculators_compat.resume.scan`);
+  is not sharded, but only within the block (:func:`speculators_compat.run.resume.scan`);
 * ``find_last_checkpoint`` -- the stock ``max(index) + 1`` -- is read over the block only: the
   other shards' files are not this shard's progress;
 * ``save_config`` writes ``data_config.json`` only once every sample of the dataset is there,
@@ -111,7 +111,7 @@ class _State:
     # -- generate_and_save_hidden_states(args, dataset) ------------------------------------------
 
     def generate(self, wrapped, instance, args, kwargs):
-        from .registry import Patcher
+        from ..core.registry import Patcher
 
         bound = inspect.signature(wrapped).bind(*args, **kwargs)
         script_args, dataset = list(bound.arguments.values())[:2]

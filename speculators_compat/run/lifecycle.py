@@ -64,7 +64,7 @@ def leave_ctrl_c_to_the_runner() -> bool:
     outside a run, or off the main thread)."""
     import signal
 
-    from . import _env
+    from ..core import _env
 
     runner = os.environ.get(_env.RUNNER)
     if not runner or str(os.getppid()) != runner or threading.current_thread() is not threading.main_thread():

@@ -10,7 +10,7 @@ Three questions, three sources of truth:
 * *Is the delta there?* -- the probe: ``Shape.OLD`` (stock code works as written), ``NEW`` (the
   shape this patch repairs) or ``UNKNOWN`` (neither: refuse).
 * *Was this patch validated here?* -- data, not code: the patch x release table of the test
-  matrix (:mod:`speculators_compat.validation`). A patch declares what its delta depends on
+  matrix (:mod:`speculators_compat.check.validation`). A patch declares what its delta depends on
   (``depends_on``): the vLLM release (validated on the release that covers the installed vLLM),
   the transformers release (validated on the installed transformers line), or nothing (not gated
   by the table: tokenizer-trust, most guards).
@@ -230,10 +230,10 @@ class Patch:
     #: the API named in a refusal
     api: str = ""
     #: ``static_probe(view) -> Probe``: the same judgement from the installed sources
-    #: (a :class:`speculators_compat.sources.StaticView`), for the fast ``check``
+    #: (a :class:`speculators_compat.check.sources.StaticView`), for the fast ``check``
     static_probe: Callable[[Any], Probe] | None = None
     #: how this patch changes the stock calls into vLLM (the ``stock-calls`` check of
-    #: :mod:`speculators_compat.preflight` binds the calls as the applied patches edit them)
+    #: :mod:`speculators_compat.core.preflight` binds the calls as the applied patches edit them)
     calls: dict[str, Edit] = field(default_factory=dict)
     #: names vLLM moved that this patch binds again where the stock code imports them:
     #: ``"old.module.name" -> "new.module"`` (the static check reads them where they are now)
@@ -264,7 +264,7 @@ class Context:
     speculators: versions.Installed | None
     disabled: frozenset[str]
     #: the validated release covering the installed vLLM and transformers
-    #: (a :class:`~speculators_compat.validation.Release`; None: none covers it)
+    #: (a :class:`~speculators_compat.check.validation.Release`; None: none covers it)
     record: Any = None
     #: a validation run of the test matrix: unrecorded releases are let through (never for real work)
     recording: bool = False
@@ -272,7 +272,7 @@ class Context:
     validated: tuple[str, ...] = ()
     transformers: versions.Installed | None = None
     #: the validation evidence of the installed speculators line
-    #: (a :class:`~speculators_compat.validation.Evidence`)
+    #: (a :class:`~speculators_compat.check.validation.Evidence`)
     evidence: Any = None
     #: ``SPECULATORS_COMPAT_UNVALIDATED=self-check``: a release no validation run covers runs
     #: under the self-check (never covered; shapes are still checked)
@@ -282,7 +282,7 @@ class Context:
 def context(vllm: versions.Installed | None = None, table: dict | None = None) -> Context:
     """What decisions depend on, for the installed vLLM (or ``vllm``: e.g. an unpacked wheel
     that ``check --vllm-root`` judges); ``table``: a validation table instead of ``supported.json``."""
-    from . import validation
+    from ..check import validation
 
     vllm = vllm or versions.vllm()
     spec = versions.speculators()
@@ -299,9 +299,9 @@ def evaluate(patch: Patch, module: ModuleType | None, view: Any = None, ctx: Con
              judge: Callable[[], Probe] | None = None) -> Decision:
     """Decide whether ``patch`` applies to the installed versions and to ``module``.
 
-    With ``view`` (a :class:`~speculators_compat.sources.StaticView`) and no module, the
+    With ``view`` (a :class:`~speculators_compat.check.sources.StaticView`) and no module, the
     patch's static probe reads the installed sources instead (nothing is imported). ``judge``
-    replaces the probe (an engine check of :mod:`speculators_compat.preflight` judges what the
+    replaces the probe (an engine check of :mod:`speculators_compat.core.preflight` judges what the
     patches decided). A disabled patch is probed too: whether its delta is present decides the
     verdict."""
     ctx = ctx or context()
@@ -484,7 +484,7 @@ def verdict(decisions: list[Decision], ctx: Context, unknown_ids: list[str] = ()
 def evaluate_all(patches: list[Patch], module: ModuleType | None = None, view: Any = None,
                  ctx: Context | None = None) -> list[Decision]:
     """The decisions for ``patches`` (one target, or all of them), in order (the engine checks
-    that follow them: :func:`speculators_compat.preflight.evaluate_all`)."""
+    that follow them: :func:`speculators_compat.core.preflight.evaluate_all`)."""
     ctx = ctx or context()
     return [evaluate(patch, module, view, ctx) for patch in patches]
 

@@ -11,7 +11,7 @@ What it checks, and what each finding is called:
 * ``stray``: a file the trainer would load that is no sample of the dataset (an index beyond it,
   another ``*pt`` name, anything in a subfolder), and temporary files of interrupted writes;
 * ``unreadable``: a file that is not a complete ``torch.save`` archive of plain tensors (cut short,
-  empty, a storage record missing or of the wrong size; see :mod:`speculators_compat.ptfile`);
+  empty, a storage record missing or of the wrong size; see :mod:`speculators_compat.run.ptfile`);
 * ``mismatch``: a sample whose layout differs from the folder's: ``input_ids`` and ``loss_mask``
   1-D of one length, ``hidden_states`` a list of ``[len, hidden]`` tensors, the number of layers,
   the hidden size and the dtypes those of the other samples and of ``data_config.json``

@@ -2,7 +2,7 @@
 
 ``speculators-compat run`` writes ``speculators_compat_manifest.json`` into the output folder of
 speculators' data-generation script (the folder it makes crash-safe) when the script ends,
-fails or is interrupted, atomically (:mod:`speculators_compat.atomic`). It holds one entry per
+fails or is interrupted, atomically (:mod:`speculators_compat.run.atomic`). It holds one entry per
 run that wrote into the folder (a resumed dataset lists each), newest last::
 
     {"schema": 1, "runs": [{
@@ -65,7 +65,7 @@ def armed() -> bool:
 
 
 def _applied_in_worker(worker) -> list[str]:
-    from . import hooks
+    from ..core import hooks
 
     return hooks.applied_ids()
 
@@ -87,7 +87,8 @@ def note_generator(generator) -> None:
     """Take ``generator``'s facts (once; only while a manifest is armed)."""
     if not armed() or generator.__dict__.get(NOTED):
         return
-    from . import hooks, selfcheck
+    from ..core import hooks
+    from .. import selfcheck
 
     generator.__dict__[NOTED] = True
     config = generator.vllm_config
@@ -118,7 +119,8 @@ def note_generator(generator) -> None:
 
 def entry(status: str) -> dict:
     """This run's entry."""
-    from . import __version__, hooks, versions
+    from .. import __version__
+    from ..core import hooks, versions
 
     def version(dist: str) -> str | None:
         found = versions.installed(dist)

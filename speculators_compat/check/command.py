@@ -57,7 +57,7 @@ import os
 import platform
 import sys
 
-from . import versions
+from ..core import versions
 
 __all__ = ["main", "report"]
 
@@ -86,8 +86,9 @@ def unpacked(root: str) -> tuple[versions.Installed, str]:
 
 
 def report(deep: bool = False, vllm_root: str | None = None) -> dict:
-    from . import hooks, inventory, preflight
-    from .registry import context, unknown_disabled, verdict
+    from ..core import hooks, preflight
+    from . import inventory
+    from ..core.registry import context, unknown_disabled, verdict
     from .sources import Sources, StaticView
 
     if vllm_root:

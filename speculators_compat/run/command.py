@@ -13,7 +13,7 @@ multiprocessing *spawns* -- which re-imports the script before vLLM loads its pl
 Three more things happen around the script:
 
 * speculators' offline data-generation script (``data_generation_offline.py``, recognised
-  from its source by :func:`speculators_compat.resume.recognise`) gets a crash-safe
+  from its source by :func:`speculators_compat.run.resume.recognise`) gets a crash-safe
   ``--output-dir``: when the script has parsed its arguments, the folder is locked against a
   second run, whatever a killed run left that its own ``max(index) + 1`` resume would get
   wrong (a truncated file, a hole below the highest index, a missing ``data_config.json``)
@@ -21,16 +21,16 @@ Three more things happen around the script:
   ``atomic-save`` patch), and the shared memory a killed run left in /dev/shm is removed.
   After a crash, the same command simply runs again and resumes. When the script ends (or
   fails), the run's manifest -- versions, patches, model, layers, self-check totals -- is added
-  to ``speculators_compat_manifest.json`` in the folder (:mod:`speculators_compat.manifest`).
+  to ``speculators_compat_manifest.json`` in the folder (:mod:`speculators_compat.run.manifest`).
   ``SPECULATORS_COMPAT_DISABLE=resume`` (or ``all``) leaves the folder alone.
 * Ctrl-C (SIGINT) and SIGTERM stop the run cleanly: the script unwinds (the stock script
   finishes its pending saves), the vLLM workers of every live generator are shut down (they
   leave a terminal's Ctrl-C to the runner), one line says so, and the exit code is 130 (SIGINT)
   or 143 (SIGTERM).
 * that script can be run as one shard of several (``--shard I/N``, or the ``RANK`` /
-  ``SLURM_PROCID`` a launcher gives it, see :mod:`speculators_compat.shards`): it extracts its
-  block of the dataset into the shared output folder (:mod:`speculators_compat.sharded`);
-  ``--data-parallel K`` starts K shards on the node's GPU groups (:mod:`speculators_compat.parallel`).
+  ``SLURM_PROCID`` a launcher gives it, see :mod:`speculators_compat.run.shards`): it extracts its
+  block of the dataset into the shared output folder (:mod:`speculators_compat.run.sharded`);
+  ``--data-parallel K`` starts K shards on the node's GPU groups (:mod:`speculators_compat.run.parallel`).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _log() -> logging.Logger:
 
 
 def _resume_disabled() -> bool:
-    from . import _env
+    from ..core import _env
 
     return bool(_env.disabled() & {"all", RESUME_ID})
 
@@ -130,7 +130,7 @@ def _stock_script(path: str):
 
 def _arm_output_folder(found, patcher, shard=None) -> None:
     """Prepare ``--output-dir`` as soon as the script has parsed its arguments (for one shard of
-    the dataset with ``shard``, see :mod:`speculators_compat.sharded`)."""
+    the dataset with ``shard``, see :mod:`speculators_compat.run.sharded`)."""
     import argparse
 
     from . import manifest, resume, sharded
@@ -190,8 +190,8 @@ def _stop(signame: str, code: int) -> int:
 
 def _arm_children() -> None:
     """Every Python process started from here on imports ``speculators_compat`` first (see the
-    module docstring and :mod:`speculators_compat.children`)."""
-    from . import children
+    module docstring and :mod:`speculators_compat.core.children`)."""
+    from ..core import children
 
     children.arm()
 
@@ -254,7 +254,7 @@ def _run(argv: list[str], explicit=None) -> int:
     if not os.path.isfile(script):
         print(f"speculators-compat run: no such script: {script}", file=sys.stderr)
         return 2
-    from .registry import Patcher
+    from ..core.registry import Patcher
 
     patcher = Patcher()
     found = _stock_script(script)
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import speculators_compat
 
-    from . import _env
+    from ..core import _env
 
     speculators_compat.apply()
     _arm_children()

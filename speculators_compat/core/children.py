@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 import threading
 
-BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+#: the package folder (``speculators_compat``)
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOOTSTRAP = os.path.join(PACKAGE, "bootstrap")
 PYTHONPATH = "PYTHONPATH"
 
 _lock = threading.Lock()
@@ -37,7 +39,7 @@ def _package_root() -> str | None:
     installed backport shadow a stdlib module)."""
     import site
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(PACKAGE)
     user = site.getusersitepackages() if site.ENABLE_USER_SITE is not None else ""
     sites = {os.path.abspath(p) for p in [*site.getsitepackages(), user] if p}
     return None if root in sites else root

@@ -400,7 +400,7 @@ class StaticView:
 
     def __init__(self, vllm: Sources | None = None, speculators: Sources | None = None, cpu: bool | None = None,
                  installed=None) -> None:
-        from . import versions
+        from ..core import versions
 
         #: the vLLM release judged when it is not the installed one (``check --vllm-root``)
         self.installed = installed
@@ -445,8 +445,8 @@ def _cut(line: str, start: int, stop: int | None) -> str:
 
 def declared_moves() -> dict[str, str]:
     """The moves the shipped patch set declares (``Patch.moves``): ``"module.name" -> module``."""
-    from .discovery import discover
-    from .targets import PATCH_SET
+    from ..core.discovery import discover
+    from ..core.targets import PATCH_SET
 
     out: dict[str, str] = {}
     for patch in discover(PATCH_SET):

@@ -1,7 +1,7 @@
 """A patch set's patches, found in its package, in the order they apply.
 
 A *patch set* is a package whose modules (in its subpackages, the *groups* it lists in
-``GROUPS``) each define ``PATCH``, a :class:`~speculators_compat.registry.Patch`; modules whose
+``GROUPS``) each define ``PATCH``, a :class:`~speculators_compat.core.registry.Patch`; modules whose
 name starts with ``_`` are its private helpers. Within one target, a patch applies after every
 patch its ``after=`` names (and so wraps them); patches that ``after=`` does not order apply in
 the order of their groups in ``GROUPS``, then of their ids.

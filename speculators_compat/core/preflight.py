@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from . import registry
-from .calls import Call, stock_calls
+from ..check.calls import Call, stock_calls
 from .registry import Cause, Context, Decision, Kind, Probe, Side, Status
 from .targets import GENERATOR
 
@@ -90,8 +90,8 @@ def _validated_release(module, view, decisions, ctx: Context) -> Probe:  # noqa:
 
 
 def _api_inventory(module, view, decisions, ctx) -> Probe:  # noqa: ARG001
-    from . import inventory
-    from .sources import StaticView
+    from ..check import inventory
+    from ..check.sources import StaticView
 
     entries = inventory.inventory(view if view is not None else StaticView())
     bad = inventory.unknown(entries)
@@ -194,7 +194,7 @@ def runtime_signature(module):
 
 
 def _stock_calls(module, view, decisions, ctx) -> Probe:  # noqa: ARG001
-    from .sources import StaticView
+    from ..check.sources import StaticView
 
     if module is not None:
         return judge_calls(stock_calls(StaticView()), runtime_signature(module), decisions)
@@ -218,7 +218,7 @@ CHECKS: tuple[Check, ...] = (
             "the installed speculators line is refused, even if every probe is content (only an end-to-end "
             "comparison with HF transformers shows a changed token order, kernel or default). Later patch "
             "releases and nightlies of a validated line are covered by it. Detection: "
-            "``speculators_compat/supported.json``.",
+            "``speculators_compat/check/supported.json``.",
     ),
     Check(
         id="api-inventory",
@@ -230,8 +230,8 @@ CHECKS: tuple[Check, ...] = (
         remove_when="never; re-record known_apis.json for each newly validated vLLM release",
         doc="Every vLLM API the stock generator and worker extension use (the names they import, the executor "
             "and scheduler methods they call) is compared with the signatures recorded on the validated releases "
-            "(``speculators_compat/known_apis.json``): a name gone, a parameter removed or a new required one "
-            "is refused; added optional parameters pass. Detection: :mod:`speculators_compat.inventory`.",
+            "(``speculators_compat/check/known_apis.json``): a name gone, a parameter removed or a new required one "
+            "is refused; added optional parameters pass. Detection: :mod:`speculators_compat.check.inventory`.",
     ),
     Check(
         id="stock-calls",
@@ -241,7 +241,7 @@ CHECKS: tuple[Check, ...] = (
         api="the vLLM calls of VllmHiddenStatesGenerator",
         judge=_stock_calls,
         remove_when="never: this is the engine's own check",
-        doc="Every vLLM call of the installed stock generator (:mod:`speculators_compat.calls`), edited as the "
+        doc="Every vLLM call of the installed stock generator (:mod:`speculators_compat.check.calls`), edited as the "
             "patches that apply declare (``calls=``: keywords added or dropped), is bound to the installed "
             "signature; a call that does not bind is refused, naming the call, the parameter and the release. "
             "Detection: runtime signatures, or the same read from the installed sources.",

@@ -7,7 +7,7 @@
                                 says so, the generator refuses).
 ``SPECULATORS_COMPAT_VERBOSE``  ``1``/``true``/``yes``: log which patch applied where, to stderr.
 ``SPECULATORS_COMPAT_RECORD``   a folder: this is a validation run of the test matrix (see
-                                :mod:`speculators_compat.validation`); never set it for real work.
+                                :mod:`speculators_compat.check.validation`); never set it for real work.
 ``SPECULATORS_COMPAT_SELF_CHECK``  sequences per ``generate()`` call whose last-layer rows are
                                 checked against the model's own log-probs (default 1; ``0``: off;
                                 ``all``); :mod:`speculators_compat.selfcheck`.

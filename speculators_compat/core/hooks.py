@@ -7,8 +7,8 @@ once is never applied again) and reversible (``revert()``). Nothing here imports
 vLLM: the patches import what they need when their target is imported.
 
 The patches come from the registry passed to ``install()``: by default the patch set this
-distribution ships (``PATCH_SET``, found by :mod:`speculators_compat.discovery`); where a
-refusal stops a target is the engine's own policy (:mod:`speculators_compat.targets`).
+distribution ships (``PATCH_SET``, found by :mod:`speculators_compat.core.discovery`); where a
+refusal stops a target is the engine's own policy (:mod:`speculators_compat.core.targets`).
 
 Registration is deferred: until the package that holds every target (``speculators``) is
 imported, ``install()`` only puts a small finder on ``sys.meta_path`` that never finds
@@ -107,7 +107,7 @@ def install(registry: str | list[Patch] | None = None) -> None:
     needed; ``PATCH_SET`` unless another was given before) or a list of patches, in the order
     they apply. If ``speculators`` is not imported yet, this only arms the deferred finder (no
     wrapt, no registry import); otherwise the hooks are registered at once. The Python processes
-    started from here on are armed too (:func:`speculators_compat.children.arm`: a process that
+    started from here on are armed too (:func:`speculators_compat.core.children.arm`: a process that
     multiprocessing spawns re-imports the script with the hooks armed).
     """
     with _state.lock:
@@ -203,14 +203,14 @@ def apply_module(module: ModuleType) -> list[Decision]:
     if refused and name in targets.REFUSE_AT_IMPORT:
         # an import-time target (speculators.utils on transformers v5): without the patch the
         # import itself fails further on with a foreign traceback; fail it here, saying why
-        from .errors import IncompatibleVllmError
+        from ..errors import IncompatibleVllmError
 
         raise IncompatibleVllmError(refusal_message(refused))
     return out
 
 
 def _run_checks(module: ModuleType, ctx, decisions: list[Decision]) -> list[Decision]:
-    """The engine checks of ``module``'s target (:mod:`speculators_compat.preflight`), after every
+    """The engine checks of ``module``'s target (:mod:`speculators_compat.core.preflight`), after every
     patch of it (a passed check is listed with the applied patches)."""
     from . import preflight
     from .registry import Decision, Patcher, Status
@@ -267,7 +267,7 @@ def _install_refusal(module: ModuleType, entry: tuple[str, str], message: str,
     """Make the target's entry point raise ``message`` before it does any heavy work: a
     ``ConfigurationError`` when ``configuration`` (the library's own settings are wrong), else
     ``IncompatibleVllmError``."""
-    from .errors import ConfigurationError, IncompatibleVllmError
+    from ..errors import ConfigurationError, IncompatibleVllmError
     from .registry import Patcher
 
     cls_name, method = entry
