@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from speculators_compat.run import atomic, resume
+from speculators_compat.run import atomic, resume, stock_script
 
 HERE = Path(__file__).parent
 
@@ -186,13 +186,13 @@ def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):
 
 
 def test_the_stand_in_is_recognised_and_a_changed_copy_is_not(tmp_path):
-    found = resume.recognise(HERE / "stock_datagen.py")
+    found = stock_script.recognise(HERE / "stock_datagen.py")
     assert found is not None and found.known and found.variant == "0.3"
     changed = tmp_path / "changed.py"
     changed.write_text((HERE / "stock_datagen.py").read_text().replace("torch.save(data_dict", "my_save(data_dict"))
-    found = resume.recognise(changed)
+    found = stock_script.recognise(changed)
     assert found is not None and found.problems == ("save_sample_to_disk() does not call torch.save",)
-    assert resume.recognise(HERE / "scenario.py") is None
+    assert stock_script.recognise(HERE / "scenario.py") is None
 
 
 STOCK_LIKE = '''

@@ -13,7 +13,7 @@ multiprocessing *spawns* -- which re-imports the script before vLLM loads its pl
 Three more things happen around the script:
 
 * speculators' offline data-generation script (``data_generation_offline.py``, recognised
-  from its source by :func:`speculators_compat.run.resume.recognise`) gets a crash-safe
+  from its source by :func:`speculators_compat.run.stock_script.recognise`) gets a crash-safe
   ``--output-dir``: when the script has parsed its arguments, the folder is locked against a
   second run, whatever a killed run left that its own ``max(index) + 1`` resume would get
   wrong (a truncated file, a hole below the highest index, a missing ``data_config.json``)
@@ -110,11 +110,11 @@ def _resume_disabled() -> bool:
 def _stock_script(path: str):
     """The recognised stock data-generation script, ``None`` for any other script; raises
     ``OutputFolderError`` for a script that looks like it but whose save/resume code differs."""
-    from . import resume
+    from . import resume, stock_script
 
     if _resume_disabled():
         return None
-    found = resume.recognise(path)
+    found = stock_script.recognise(path)
     if found is None:
         return None
     if not found.known:
@@ -219,7 +219,7 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
 def _shard_for(script: str, found, explicit):
     """The shard this process extracts (``None``: the whole dataset). An explicit ``--shard`` is
     refused for a script that cannot be sharded; a launcher's environment is then ignored."""
-    from . import resume, shards
+    from . import resume, shards, stock_script
 
     try:
         shard = explicit or shards.from_environment()
@@ -229,7 +229,7 @@ def _shard_for(script: str, found, explicit):
         return None
     if found is not None:
         return shard
-    if _resume_disabled() and resume.recognise(script) is not None:
+    if _resume_disabled() and stock_script.recognise(script) is not None:
         why = f"SPECULATORS_COMPAT_DISABLE={RESUME_ID} leaves the output folder, and with it the sharding, alone"
     else:
         why = "only speculators' data_generation_offline.py (0.3.0 / 0.4.x) can be sharded"
@@ -283,6 +283,44 @@ def _write_manifest(manifest, status: str) -> None:
         _log().warning("could not write the run manifest: %s", exc)
 
 
+def _data_parallel(workers: int, explicit, argv: list[str]) -> int:
+    """``--data-parallel K``: the stock offline script as K shards (:mod:`.parallel`)."""
+    from . import parallel, shards, stock_script
+
+    _log()
+    found = stock_script.recognise(argv[0]) if argv[0] != "-m" and not _resume_disabled() else None
+    if found is None or not found.known:
+        print("speculators-compat run: --data-parallel runs speculators' data_generation_offline.py "
+              f"(0.3.0 / 0.4.x) as shards; {argv[0]} is not that script", file=sys.stderr)
+        return 2
+    try:
+        return parallel.main(workers, explicit or shards.from_environment(), argv)
+    except shards.ShardError as exc:
+        print(f"speculators-compat run: {exc}", file=sys.stderr)
+        return 2
+
+
+def _install_signal_handlers(lifecycle):
+    """SIGTERM and SIGINT note the shutdowns in flight, then stop the script (where their
+    handlers are still Python's defaults). Returns the handlers to put back (None: untouched)."""
+    _before_signal[0] = lifecycle.shutdowns()
+
+    def on_sigterm(signum, frame):
+        _before_signal[0] = lifecycle.shutdowns()
+        raise Terminated()
+
+    def on_sigint(signum, frame):
+        _before_signal[0] = lifecycle.shutdowns()
+        signal.default_int_handler(signum, frame)
+
+    previous = previous_int = None
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous_int = signal.signal(signal.SIGINT, on_sigint)
+    return previous, previous_int
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
@@ -301,19 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     if "data_parallel" in options:
-        from . import parallel, resume
-
-        _log()
-        found = resume.recognise(argv[0]) if argv[0] != "-m" and not _resume_disabled() else None
-        if found is None or not found.known:
-            print("speculators-compat run: --data-parallel runs speculators' data_generation_offline.py "
-                  f"(0.3.0 / 0.4.x) as shards; {argv[0]} is not that script", file=sys.stderr)
-            return 2
-        try:
-            return parallel.main(options["data_parallel"], explicit or shards.from_environment(), argv)
-        except shards.ShardError as exc:
-            print(f"speculators-compat run: {exc}", file=sys.stderr)
-            return 2
+        return _data_parallel(options["data_parallel"], explicit, argv)
 
     import speculators_compat
 
@@ -325,21 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import lifecycle
 
-    _before_signal[0] = lifecycle.shutdowns()
-
-    def on_sigterm(signum, frame):
-        _before_signal[0] = lifecycle.shutdowns()
-        raise Terminated()
-
-    def on_sigint(signum, frame):
-        _before_signal[0] = lifecycle.shutdowns()
-        signal.default_int_handler(signum, frame)
-
-    previous = previous_int = None
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        previous_int = signal.signal(signal.SIGINT, on_sigint)
+    previous, previous_int = _install_signal_handlers(lifecycle)
     status = "failed"
     try:
         code = _run(argv, explicit)

@@ -32,7 +32,6 @@ reason. Nothing here imports torch or vLLM: a sample file is checked as the zip 
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import time
@@ -41,99 +40,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import atomic, leftovers, ptfile, shards
+from . import stock_script
+from .stock_script import CONFIG, SAMPLE_LENGTHS
 
 __all__ = [
-    "StockScript",
     "Plan",
     "OutputFolderError",
-    "recognise",
     "scan",
     "prepare",
     "stock_index",
 ]
 
-CONFIG = "data_config.json"
-SAMPLE_LENGTHS = "sample_lengths.json"  # written by the speculators 0.4 script
 SET_ASIDE_SUFFIX = ".set-aside"
 
-#: the functions of the stock script whose behaviour this module relies on
 BEYOND = "beyond the first missing or unreadable index"
-
-STOCK_FUNCTIONS = ("find_last_checkpoint", "save_sample_to_disk", "generate_and_save_hidden_states")
-
 
 class OutputFolderError(RuntimeError):
     """The output folder cannot be made crash-safe (busy, unwritable, unknown script)."""
-
-
-# -- the stock script ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StockScript:
-    """What :func:`recognise` found in a script."""
-
-    path: str
-    #: ``"0.3"`` (no sample_lengths.json) or ``"0.4"`` (writes sample_lengths.json)
-    variant: str
-    #: what differs from the known stock code; empty when the script is recognised
-    problems: tuple[str, ...] = ()
-
-    @property
-    def known(self) -> bool:
-        return not self.problems
-
-
-def _calls(node: ast.AST) -> list[str]:
-    out = []
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            try:
-                out.append(ast.unparse(sub.func))
-            except (ValueError, TypeError, AttributeError):  # pragma: no cover - malformed tree
-                continue
-    return out
-
-
-def _strings(node: ast.AST) -> set[str]:
-    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-
-
-def recognise(path: str | os.PathLike) -> StockScript | None:
-    """``None`` if the script is not a data-generation script at all (none of
-    :data:`STOCK_FUNCTIONS` is defined); otherwise what was found, with ``problems`` naming
-    every way its save/resume code differs from the stock script's (0.3.0, 0.4.x)."""
-    try:
-        source = Path(path).read_text(encoding="utf-8")
-        tree = ast.parse(source, filename=str(path))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-        return None
-    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    if not any(name in funcs for name in STOCK_FUNCTIONS):
-        return None
-    problems: list[str] = []
-    for name in STOCK_FUNCTIONS:
-        if name not in funcs:
-            problems.append(f"no function {name}()")
-    find = funcs.get("find_last_checkpoint")
-    if find is not None:
-        text = ast.unparse(find)
-        if not {"data_", ".pt"} <= _strings(find) or "max_index + 1" not in text:
-            problems.append("find_last_checkpoint() does not resume at max(index) + 1 of data_<i>.pt files")
-    save = funcs.get("save_sample_to_disk")
-    if save is not None and "torch.save" not in _calls(save):
-        problems.append("save_sample_to_disk() does not call torch.save")
-    gen = funcs.get("generate_and_save_hidden_states")
-    if gen is not None:
-        text = ast.unparse(gen)
-        if "find_last_checkpoint(args.output_dir)" not in text:
-            problems.append("generate_and_save_hidden_states() does not resume from find_last_checkpoint(args.output_dir)")
-        if "data_{file_idx}.pt" not in text:
-            problems.append("generate_and_save_hidden_states() does not name files data_{file_idx}.pt")
-    if CONFIG not in _strings(tree):
-        problems.append(f"no {CONFIG}")
-    variant = "0.4" if SAMPLE_LENGTHS in _strings(tree) else "0.3"
-    return StockScript(str(path), variant, tuple(problems))
 
 
 # -- reading the folder ----------------------------------------------------------------------
@@ -244,30 +167,8 @@ def scan(
         plan.resume_at = start
     if not folder.is_dir():
         return plan
-
-    def owns(index: int) -> bool:
-        if span is None:
-            return True
-        first, last = start == 0, total is not None and end == total
-        return start <= index < end or (first and index < 0) or (last and index >= total)
-
     names = sorted(os.listdir(folder))
-    present = set(names)
-    samples: dict[int, str] = {}
-    for name in names:
-        temporary = atomic.TEMP_RE.match(name)
-        if temporary:
-            index = stock_index(temporary.group("final"))
-            if span is None or (index is not None and owns(index)):
-                plan.set_aside[name] = "temporary file of an interrupted write"
-            continue
-        index = stock_index(name)
-        if index is None or not owns(index):
-            continue
-        if name != f"data_{index}.pt" or index < 0:
-            plan.set_aside[name] = f"not a data_<i>.pt name the stock resume reads correctly (read as {index})"
-            continue
-        samples[index] = name
+    samples = _sample_files(plan, names)
     problems = _check_all(folder, samples, workers)
     k = start
     while k in samples and k not in problems and (end is None or k < end):
@@ -282,26 +183,9 @@ def scan(
     config = folder / CONFIG
     plan.config_present = config.exists()
     if span is None:
-        if k > 0:
-            why = check_config(config, k) if plan.config_present else "missing"
-            if why is not None:
-                if plan.config_present:
-                    plan.set_aside[CONFIG] = f"{why}: the previous run did not finish"
-                k -= 1
-                plan.set_aside[samples[k]] = (
-                    f"{CONFIG} {why}: regenerated so that the run finishes and writes its config"
-                )
+        k = _whole_run_config(plan, config, k, samples)
     else:
-        why = "missing"
-        if plan.config_present:
-            why = check_config(config, total) if k == end else f"present while data_{k}.pt is missing"
-            if why is not None:
-                plan.set_aside[CONFIG] = f"{why}: the dataset is not complete" if k < end else why
-        if why is not None and k == end > start and all(f"data_{i}.pt" in present for i in range(total or 0)):
-            k -= 1
-            plan.set_aside[samples[k]] = (
-                f"{CONFIG} {why} while every sample is there: regenerated so that this shard writes it"
-            )
+        k = _shard_config(plan, config, k, samples, set(names))
     plan.resume_at = k
     lengths = folder / SAMPLE_LENGTHS
     if span is None and lengths.exists():
@@ -310,6 +194,65 @@ def scan(
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             plan.set_aside[SAMPLE_LENGTHS] = f"unreadable ({type(exc).__name__}): the stock resume would fail on it"
     return plan
+
+
+def _owns(plan: Plan, index: int) -> bool:
+    """Whether ``index`` belongs to the plan's block (the whole run owns every index)."""
+    if plan.span is None:
+        return True
+    start, end = plan.span
+    first, last = start == 0, plan.total is not None and end == plan.total
+    return start <= index < end or (first and index < 0) or (last and index >= plan.total)
+
+
+def _sample_files(plan: Plan, names: list[str]) -> dict[int, str]:
+    """The block's sample files by index; temporary files and misread names are set aside."""
+    samples: dict[int, str] = {}
+    for name in names:
+        temporary = atomic.TEMP_RE.match(name)
+        if temporary:
+            index = stock_index(temporary.group("final"))
+            if plan.span is None or (index is not None and _owns(plan, index)):
+                plan.set_aside[name] = "temporary file of an interrupted write"
+            continue
+        index = stock_index(name)
+        if index is None or not _owns(plan, index):
+            continue
+        if name != f"data_{index}.pt" or index < 0:
+            plan.set_aside[name] = f"not a data_<i>.pt name the stock resume reads correctly (read as {index})"
+            continue
+        samples[index] = name
+    return samples
+
+
+def _whole_run_config(plan: Plan, config: Path, k: int, samples: dict[int, str]) -> int:
+    """A whole run's config: a missing or stale one means the run did not finish (its last kept
+    sample is regenerated so that the stock script writes the config again). Returns where to resume."""
+    if k > 0:
+        why = check_config(config, k) if plan.config_present else "missing"
+        if why is not None:
+            if plan.config_present:
+                plan.set_aside[CONFIG] = f"{why}: the previous run did not finish"
+            k -= 1
+            plan.set_aside[samples[k]] = f"{CONFIG} {why}: regenerated so that the run finishes and writes its config"
+    return k
+
+
+def _shard_config(plan: Plan, config: Path, k: int, samples: dict[int, str], present: set[str]) -> int:
+    """A shard's view of the config, written by the shard that completes the dataset. Returns
+    where to resume."""
+    start, end = plan.span
+    total = plan.total
+    why = "missing"
+    if plan.config_present:
+        why = check_config(config, total) if k == end else f"present while data_{k}.pt is missing"
+        if why is not None:
+            plan.set_aside[CONFIG] = f"{why}: the dataset is not complete" if k < end else why
+    if why is not None and k == end > start and all(f"data_{i}.pt" in present for i in range(total or 0)):
+        k -= 1
+        plan.set_aside[samples[k]] = (f"{CONFIG} {why} while every sample is there: "
+                                      "regenerated so that this shard writes it")
+    return k
 
 
 def _check_all(folder: Path, samples: dict[int, str], workers: int) -> dict[int, str]:
@@ -491,7 +434,7 @@ def rebuild_lengths(folder: Path, kept: int) -> int:
     return len(missing)
 
 
-def prepare(folder: str | os.PathLike, script: StockScript | None = None) -> Plan:
+def prepare(folder: str | os.PathLike, script: "stock_script.StockScript | None" = None) -> Plan:
     """Lock ``folder``, set aside what the stock resume would get wrong, log one line, and
     register the folder for atomic writes. Returns the plan that was carried out."""
     folder = Path(folder)

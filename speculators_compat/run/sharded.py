@@ -35,7 +35,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import atomic, leftovers, resume, shards
+from . import atomic, leftovers, resume, shards, stock_script
 from .resume import CONFIG, SAMPLE_LENGTHS, OutputFolderError
 
 __all__ = ["arm", "resume_point", "complete"]
@@ -70,7 +70,7 @@ def complete(folder: Path, total: int) -> int:
     return sum(1 for i in range(total) if f"data_{i}.pt" in names)
 
 
-def arm(namespace, found: resume.StockScript, shard: shards.Shard, patcher) -> None:
+def arm(namespace, found: stock_script.StockScript, shard: shards.Shard, patcher) -> None:
     """Prepare ``namespace.output_dir`` for ``shard`` and wrap the script's entry point; called
     by the runner when the stock script has parsed its arguments."""
     if getattr(namespace, "start_idx", 0):
@@ -100,7 +100,7 @@ def arm(namespace, found: resume.StockScript, shard: shards.Shard, patcher) -> N
 
 
 class _State:
-    def __init__(self, folder: Path, found: resume.StockScript, shard: shards.Shard, module, removed) -> None:
+    def __init__(self, folder: Path, found: stock_script.StockScript, shard: shards.Shard, module, removed) -> None:
         self.folder = folder
         self.found = found
         self.shard = shard

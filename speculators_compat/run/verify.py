@@ -154,65 +154,10 @@ def verify(folder: str | os.PathLike, full: bool = False, expect: int | None = N
     """Check ``folder`` (see the module docstring); changes nothing."""
     folder = Path(folder)
     report = Report(folder)
-    by_index: dict[int, list[str]] = {}
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d != shards.STATE_DIR)
-        rel_root = Path(root).relative_to(folder)
-        for name in sorted(files):
-            rel = str(rel_root / name) if str(rel_root) != "." else name
-            top = str(rel_root) == "."
-            if top and atomic.is_temporary(name):
-                report.add("stray", "temporary file of an interrupted write", file=rel)
-                continue
-            if not name.endswith("pt"):
-                continue
-            index = resume.stock_index(name)
-            if index is None:
-                report.add("stray", "not a data_<i>.pt sample, but the trainer loads every *pt file below the folder", file=rel)
-                continue
-            by_index.setdefault(index, []).append(rel)
-
+    by_index = _sample_names(folder, report)
     config = _load_json(folder / resume.CONFIG, report)
-    try:
-        record = shards.read_record(folder)
-    except shards.ShardError as exc:
-        record = None
-        report.add("config", str(exc), file=shards.RECORD)
-    num = config.get("data", {}).get("num_samples") if config else None
-    candidates = [(expect, "--expect"), (num, resume.CONFIG), ((record or {}).get("dataset_length"), shards.RECORD)]
-    lengths = {source: value for value, source in candidates if isinstance(value, int)}
-    if len(set(lengths.values())) > 1:
-        report.add("config", "the dataset's length differs: " + ", ".join(f"{n} ({s})" for s, n in lengths.items()))
-    report.expected_from = list(lengths)
-    report.expected = next(iter(lengths.values()), None)
-    if config is None and not (folder / resume.CONFIG).exists():
-        report.add("config", "missing: the run (sharded: the shard that completes the dataset) has not finished",
-                   file=resume.CONFIG)
-
-    total = report.expected
-    if total is None:
-        top = max((i for i in by_index if i >= 0), default=-1) + 1
-        report.add("config", f"the dataset's length is unknown (no {resume.CONFIG}, no {shards.RECORD}): checked "
-                   f"data_0.pt .. data_{top - 1}.pt only; --expect N gives it")
-        total = top
-    samples: dict[int, str] = {}
-    for index, names in sorted(by_index.items()):
-        canonical = f"data_{index}.pt"
-        if not 0 <= index < total:
-            for name in names:
-                report.add("stray", f"index {index} is beyond the dataset ({total} samples)", index, name)
-            continue
-        if len(names) > 1 or names[0] != canonical:
-            others = [n for n in names if n != canonical]
-            report.add("duplicate", f"index {index} is also in {', '.join(others)}" if canonical in names
-                       else f"index {index} has no data_{index}.pt but {', '.join(names)}", index, canonical)
-        if canonical in names:
-            samples[index] = canonical
-    for a, b in _ranges([i for i in range(total) if i not in by_index]):
-        report.add("hole", f"index {a} missing" if a == b else f"indices {a} .. {b} missing ({b - a + 1})", a,
-                   f"data_{a}.pt" if a == b else f"data_{a}.pt .. data_{b}.pt")
-    report.samples = len(samples)
-
+    total = _dataset_length(folder, report, config, expect, by_index)
+    samples = _canonical_samples(report, by_index, total)
     items = sorted(samples.items())
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
         layouts = list(pool.map(lambda item: _read(folder / item[1]), items))
@@ -233,6 +178,79 @@ def verify(folder: str | os.PathLike, full: bool = False, expect: int | None = N
                 report.add("unreadable", why, index, samples[index])
     report.findings.sort(key=lambda f: (f.index if f.index is not None else -1, f.kind))
     return report
+
+
+def _sample_names(folder: Path, report: Report) -> dict[int, list[str]]:
+    """Every ``*pt`` file below ``folder`` by the index the trainer reads it as; strays reported."""
+    by_index: dict[int, list[str]] = {}
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != shards.STATE_DIR)
+        rel_root = Path(root).relative_to(folder)
+        for name in sorted(files):
+            rel = str(rel_root / name) if str(rel_root) != "." else name
+            top = str(rel_root) == "."
+            if top and atomic.is_temporary(name):
+                report.add("stray", "temporary file of an interrupted write", file=rel)
+                continue
+            if not name.endswith("pt"):
+                continue
+            index = resume.stock_index(name)
+            if index is None:
+                report.add("stray", "not a data_<i>.pt sample, but the trainer loads every *pt file below the "
+                           "folder", file=rel)
+                continue
+            by_index.setdefault(index, []).append(rel)
+    return by_index
+
+
+def _dataset_length(folder: Path, report: Report, config: dict | None, expect: int | None,
+                    by_index: dict[int, list[str]]) -> int:
+    """The dataset's length from ``--expect``, the config and the shard record (they must agree);
+    without any, the highest index found + 1 (reported)."""
+    try:
+        record = shards.read_record(folder)
+    except shards.ShardError as exc:
+        record = None
+        report.add("config", str(exc), file=shards.RECORD)
+    num = config.get("data", {}).get("num_samples") if config else None
+    candidates = [(expect, "--expect"), (num, resume.CONFIG), ((record or {}).get("dataset_length"), shards.RECORD)]
+    lengths = {source: value for value, source in candidates if isinstance(value, int)}
+    if len(set(lengths.values())) > 1:
+        report.add("config", "the dataset's length differs: " + ", ".join(f"{n} ({s})" for s, n in lengths.items()))
+    report.expected_from = list(lengths)
+    report.expected = next(iter(lengths.values()), None)
+    if config is None and not (folder / resume.CONFIG).exists():
+        report.add("config", "missing: the run (sharded: the shard that completes the dataset) has not finished",
+                   file=resume.CONFIG)
+    total = report.expected
+    if total is None:
+        top = max((i for i in by_index if i >= 0), default=-1) + 1
+        report.add("config", f"the dataset's length is unknown (no {resume.CONFIG}, no {shards.RECORD}): checked "
+                   f"data_0.pt .. data_{top - 1}.pt only; --expect N gives it")
+        total = top
+    return total
+
+
+def _canonical_samples(report: Report, by_index: dict[int, list[str]], total: int) -> dict[int, str]:
+    """``data_<i>.pt`` of each index of the dataset; strays beyond it, duplicates and holes reported."""
+    samples: dict[int, str] = {}
+    for index, names in sorted(by_index.items()):
+        canonical = f"data_{index}.pt"
+        if not 0 <= index < total:
+            for name in names:
+                report.add("stray", f"index {index} is beyond the dataset ({total} samples)", index, name)
+            continue
+        if len(names) > 1 or names[0] != canonical:
+            others = [n for n in names if n != canonical]
+            report.add("duplicate", f"index {index} is also in {', '.join(others)}" if canonical in names
+                       else f"index {index} has no data_{index}.pt but {', '.join(names)}", index, canonical)
+        if canonical in names:
+            samples[index] = canonical
+    for a, b in _ranges([i for i in range(total) if i not in by_index]):
+        report.add("hole", f"index {a} missing" if a == b else f"indices {a} .. {b} missing ({b - a + 1})", a,
+                   f"data_{a}.pt" if a == b else f"data_{a}.pt .. data_{b}.pt")
+    report.samples = len(samples)
+    return samples
 
 
 def _geometry(report: Report, good: dict, samples: dict, config: dict | None) -> None:
