@@ -208,7 +208,7 @@ def _text(rep: dict, verbose: bool = False) -> str:
             elif a["status"] == "compatible":
                 line += f"{a['found']}  (adds optional parameters to the shape of {rel[-1]})"
             else:
-                newest = max(a["expected"].items(), key=lambda kv: inventory._newest(kv[1]), default=None)
+                newest = max(a["expected"].items(), key=lambda kv: inventory.newest_release(kv[1]), default=None)
                 expected = f"{newest[0]}  (vLLM {newest[1][-1]})" if newest else "none recorded"
                 line += f"  -- {a['difference']}\n      found    {a['found']}\n      expected {expected}"
             lines.append(line)

@@ -161,7 +161,7 @@ def _inventory(view: StaticView) -> list[dict]:
         status = KNOWN
         if not releases:
             like = [rel for sig, rel in seen.items() if extends(found, sig, used.get(api))]
-            releases = max(like, key=_newest) if like else []
+            releases = max(like, key=newest_release) if like else []
             status = COMPATIBLE if like else UNKNOWN
         entry = {
             "api": api,
@@ -185,7 +185,7 @@ def difference(found: str, seen: dict[str, list[str]]) -> str:
     """What sets ``found`` apart from the newest recorded shape, in words."""
     if not seen:
         return "never recorded on a validated release"
-    sig, rel = max(seen.items(), key=lambda kv: _newest(kv[1]))
+    sig, rel = max(seen.items(), key=lambda kv: newest_release(kv[1]))
     new, old = _parse(found), _parse(sig)
     if new is None or old is None:
         return f"{found} instead of {sig} (vLLM {rel[-1]})"
@@ -239,7 +239,8 @@ def unknown(entries: list[dict]) -> list[str]:
     return lines
 
 
-def _newest(releases: list[str]) -> tuple:
+def newest_release(releases: list[str]) -> tuple:
+    """The newest of ``releases`` (version strings), as a sort key."""
     from packaging.version import Version
 
     return max(Version(r) for r in releases)
