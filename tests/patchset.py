@@ -44,6 +44,13 @@ def touches(patch) -> set[Touch]:
     return reader.function(apply)
 
 
+def test_file(patch) -> str:
+    """Where ``patch``'s own unit tests live, relative to the checkout:
+    ``tests/patches/<group>/test_<module>.py``, its module's file name under its group."""
+    group, module = _module_of(patch).split(".")[-2:]
+    return f"tests/patches/{group}/test_{module}.py"
+
+
 def _module_of(patch) -> str:
     """The module that declares ``patch`` (its ``PATCH``), whatever module defined its ``apply``."""
     import sys

@@ -1,5 +1,6 @@
 """Unit tests of the engine: version gates, validation records, decisions, hooks, idempotence,
-revert, the switch, discovery, the stock-call binding and the patches' pure judgements.
+revert, the switch, discovery, the order, the stock-call binding and the check. A patch's own tests
+(its probe's judgements, its wrappers) are tests/patches/<group>/test_<module>.py.
 
 The targets here are throw-away modules written by the tests: this checks the registry
 machinery only, never whether a patch works (the end-to-end tests do that on real vLLM).
@@ -21,6 +22,7 @@ import pytest
 from packaging.version import Version
 
 import speculators_compat
+from probe_inputs import _context_of, inst, sig
 from speculators_compat.core import _env, hooks, versions
 from speculators_compat.check import validation
 from speculators_compat.errors import IncompatibleVllmError
@@ -29,10 +31,6 @@ from speculators_compat.core.registry import (Cause, Context, Edit, Kind, Patch,
 from speculators_compat.core.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def inst(v: str, dist: str = "vllm") -> versions.Installed:
-    return versions.Installed(dist, Version(v))
 
 
 @pytest.mark.parametrize(
@@ -251,34 +249,6 @@ def test_the_verdict_is_no_where_a_needed_patch_is_off(kind, shape, status, disa
     ok, reasons = verdict([decision], here)
     assert ok is covered, reasons
     assert ok or reasons[0].startswith(f"p1 {status.value}: ")
-
-
-def _context_of(vllm: str, spec: str, tf: str, table: dict) -> Context:
-    """The context an install of these releases gets from the shipped validation table."""
-    v, s, t = inst(vllm, "vllm"), inst(spec, "speculators"), inst(tf, "transformers")
-    ev = validation.evidence(s.base, table)
-    return Context(v, s, frozenset(), ev.covering(v.base, t.version), False, (), t, ev)
-
-
-def test_tokenizer_trust_applies_on_every_validated_release():
-    """Kimi-K2.5 needs tokenizer-trust on every vLLM: no validated release, on any transformers it
-    was validated with, may leave it off (it was off on 0.17.0, 0.18.0 and 0.19.1)."""
-    import dataclasses
-
-    from speculators_compat.patches.features import tokenizer_trust
-
-    patch = dataclasses.replace(tokenizer_trust.PATCH, probe=lambda m: Probe.new("AutoTokenizer without trust"))
-    table = validation.load_table()
-    seen = 0
-    for spec, part in table["speculators"].items():
-        for rel, info in part["vllm"].items():
-            for tf in info["transformers"]:
-                here = _context_of(rel, spec + ".0", tf, table)
-                decision = evaluate(patch, types.ModuleType(GENERATOR), ctx=here)
-                want = Status.APPLIES if Version(rel) >= Version("0.11.1") else Status.NOT_NEEDED
-                assert decision.status is want, (rel, spec, tf, decision.reason)
-                seen += 1
-    assert seen >= 40
 
 
 def test_a_fresh_vllm_0_25_1_install_is_covered_by_the_table():
@@ -759,20 +729,7 @@ def test_the_checkout_root_works_without_installing(tmp_path):
     assert path == os.path.join(ROOT, "patches", "__init__.py") and int(count) >= 15
 
 
-# -- the stock calls and the patches' judgements ----------------------------------------------------
-
-
-def P(name, default=inspect.Parameter.empty, kind=inspect.Parameter.POSITIONAL_OR_KEYWORD):
-    return inspect.Parameter(name, kind, default=default)
-
-
-def sig(*names, optional=(), kwonly=(), varkw=False):
-    out = {n: P(n) for n in names}
-    out.update({n: P(n, None) for n in optional})
-    out.update({n: P(n, None, inspect.Parameter.KEYWORD_ONLY) for n in kwonly})
-    if varkw:
-        out["kw"] = P("kw", kind=inspect.Parameter.VAR_KEYWORD)
-    return out
+# -- the stock calls ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -847,42 +804,6 @@ def test_stock_calls_are_read_from_the_generator_source(tmp_path):
     ]
 
 
-def test_v1_judges_each_half():
-    from speculators_compat.patches.vllm_api.v1 import _judge
-
-    new_sched = sig("max_num_seqs", "max_model_len", "is_encoder_decoder")
-    old_sched = sig(optional=("max_num_seqs", "max_model_len"))
-    assert _judge(new_sched, sig("vllm_config", "kv_cache_groups", "available_memory")).shape.value == "new"
-    assert _judge(old_sched, sig("vllm_config", "kv_cache_groups", "kv_cache_specs", "available_memory")).shape.value == "old"
-    assert _judge(old_sched, sig("vllm_config", "groups")).shape.value == "unknown"
-
-
-@pytest.mark.parametrize(
-    "params, shape",
-    [
-        (sig("vllm_config", "kv_cache_config", "structured_output_manager", "block_size"), "new"),
-        (sig("vllm_config", "kv_cache_config", "structured_output_manager"), "old"),
-        (sig("vllm_config", "kv_cache_config", "structured_output_manager", optional=("block_size",)), "unknown"),
-    ],
-)
-def test_v2_judges_the_scheduler(params, shape):
-    from speculators_compat.patches.vllm_api.v2 import _judge
-
-    assert _judge(params).shape.value == shape
-
-
-@pytest.mark.parametrize(
-    "module, default, shape",
-    [("v1_prefix_caching", True, "new"), ("v1_prefix_caching", None, "old"),
-     ("v1_chunked_prefill", True, "new"), ("v1_chunked_prefill", None, "old")],
-)
-def test_the_default_probes(module, default, shape):
-    judge = importlib.import_module(f"speculators_compat.patches.vllm_api.{module}")._judge
-    field = "enable_prefix_caching" if "prefix" in module else "enable_chunked_prefill"
-    assert judge({field: P(field, default)}).shape.value == shape
-    assert judge({}).shape.value == "unknown"
-
-
 def test_v4_v5_dtype_judgements():
     from speculators_compat.patches.features import dtype
     from speculators_compat.patches.vllm_api import v4, v5
@@ -895,32 +816,6 @@ def test_v4_v5_dtype_judgements():
     assert v5._judge(False).shape.value == "old"
     assert dtype._judge(sig(optional=("dtype",))).shape.value == "new"
     assert dtype._judge(sig("model")).shape.value == "unknown"
-
-
-def test_cpu_ipex_moe_routing_judges_the_moe_path():
-    from speculators_compat.patches.cpu_platform.cpu_ipex_moe_routing import CALL, SELECT, _judge
-
-    build = "layer.cpu_fused_moe = cpu_fused_moe.IPEXFusedMOE(layer)"
-    call = "return layer.ipex_fusion(x, use_grouped_topk, top_k, router_logits, renormalize, custom_routing_function)"
-    args = (build, call, CALL, SELECT)
-    assert _judge(True, True, True, *args).shape.value == "new"
-    assert _judge(True, True, False, "", "", (), ()).shape.value == "old"  # 0.12+: no IPEXFusedMOE
-    assert _judge(True, True, True, "cpu_fused_moe.CPUFusedMOE(layer)", call, CALL, SELECT).shape.value == "old"
-    assert _judge(False, True, True, *args).shape.value == "old"  # not x86: vLLM's CPUFusedMOE
-    assert _judge(True, False, True, *args).shape.value == "old"  # no IPEX: vLLM cannot build it
-    assert _judge(True, True, True, build, call, CALL[:-1], SELECT).shape.value == "unknown"
-    assert _judge(True, True, True, build, call, CALL, SELECT[1:]).shape.value == "unknown"
-    assert _judge(True, True, True, build, "return layer.ipex_fusion(x, top_k)", CALL, SELECT).shape.value == "unknown"
-
-
-@pytest.mark.parametrize("n", [1, 2, 10, 11, 12, 42, 120])
-def test_s04_result_order_inverts_the_string_sort_of_request_ids(n):
-    from speculators_compat.patches.speculators04.s04_result_order import input_order
-
-    ids = [f"req_7_{i}" for i in range(n)]
-    stock_order = [int(rid.rsplit("_", 1)[1]) for rid in sorted(ids)]  # what speculators 0.4 returns
-    assert input_order(n) == stock_order
-    assert sorted(input_order(n)) == list(range(n))
 
 
 # -- the check -----------------------------------------------------------------------------------
@@ -1054,44 +949,6 @@ def test_patcher_set_item_replaces_an_entry_and_undo_restores_it():
     assert table == {"silu": "the static method", "gelu": "gelu"}
     patcher.undo()
     assert table == {"silu": "the lambda", "gelu": "gelu"} and patcher.records == []
-
-
-@pytest.mark.parametrize("entry, shape", [
-    ("lambda x: SiluAndMul(compile_native=False).forward_native(x)", "new"),  # vLLM 0.20.0-0.24.0
-    ("SiluAndMul.forward_native", "old"),  # 0.15-0.19, 0.25+
-    ("lambda x: x.sigmoid() * x", "unknown"),
-    (None, "old"),  # no table at all
-])
-def test_cpu_moe_silu_probe_reads_the_silu_entry_of_the_table(entry, shape):
-    import ast
-
-    from speculators_compat.patches.cpu_platform import cpu_moe_silu_instance as patch
-
-    key = "MoEActivation.SILU" if "compile_native" in (entry or "") else '"silu"'
-    source = "x = 1\n" if entry is None else (
-        "_CPU_MOE_ACT_FN: dict = {\n"
-        f"    {key}: {entry},\n"
-        '    "swigluoai": _swigluoai_forward_native,\n}\n')
-    assert patch._judge(ast.parse(source)).shape.value == shape
-
-
-def test_tf5_attn_mask_stand_in_exists_only_while_speculators_populates(monkeypatch):
-    from speculators_compat.errors import CompatError
-    from speculators_compat.patches.transformers5 import tf5_attn_mask_utils as patch
-
-    monkeypatch.setattr(patch, "_module_exists", lambda: False)
-    monkeypatch.delitem(sys.modules, patch.REMOVED, raising=False)
-    seen = {}
-
-    def populate():
-        module = importlib.import_module(patch.REMOVED)
-        seen["function"] = getattr(module, patch.FUNCTION)
-        return "populated"
-
-    assert patch._reload_and_populate(populate, None, (), {}) == "populated"
-    assert patch.REMOVED not in sys.modules
-    with pytest.raises(CompatError, match="removed in transformers 5.24"):
-        seen["function"](None, (1, 2), None, 0)
 
 
 def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypatch):

@@ -162,29 +162,6 @@ def test_only_direct_children_of_a_protected_folder_are_protected(tmp_path):
     assert atomic.protected(tmp_path / "out" / "data_1.pt") is None
 
 
-def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):
-    from speculators_compat.patches.guards.atomic_save import _path_write
-
-    out = tmp_path / "out"
-    out.mkdir()
-    atomic.protect(out)
-    try:
-        seen = []
-
-        def wrapped(data):  # what wrapt passes: the bound original, here a recorder
-            seen.append(data)
-
-        config = out / "data_config.json"
-        _path_write(Path.write_text.__get__(config), config, ("{}",), {})
-        assert config.read_text() == "{}" and seen == []  # written through a temporary file
-        other = tmp_path / "elsewhere.json"
-        _path_write(wrapped, other, ("x",), {})
-        assert seen == ["x"]  # outside the folder: the original call
-    finally:
-        atomic.unprotect()
-    assert sorted(p.name for p in out.iterdir()) == ["data_config.json"]
-
-
 def test_the_stand_in_is_recognised_and_a_changed_copy_is_not(tmp_path):
     found = stock_script.recognise(HERE / "stock_datagen.py")
     assert found is not None and found.known and found.variant == "0.3"

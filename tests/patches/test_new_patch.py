@@ -1,5 +1,6 @@
-"""A new patch is one module: discovery, the order, ``check``, the contract test and the generated
-docs pick it up with no other edit.
+"""A new patch is one module and its test file: discovery, the order, ``check``, the contract test and
+the generated docs pick the module up with no other edit, and its own tests live in
+``tests/patches/<group>/test_<module>.py`` (as docs/patches.md says), which the unit env collects.
 
 The patch set here is written to a temporary folder: two patches of a stand-in library
 (``dummy_lib.engine``, which does not exist, so the contract test uses its stand-in target), one
@@ -8,6 +9,7 @@ wrapping what the other wrapped; and a broken patch set whose patch bypasses its
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -172,3 +174,24 @@ def test_the_contract_test_fails_a_patch_that_bypasses_its_patcher(dummy):
     assert out.returncode == 1
     assert "FAILED tests/patches/test_contract.py::test_apply_twice_then_revert_restores_the_target[dummy-broken]" \
         in out.stdout, out.stdout[-3000:]
+
+
+def test_its_test_file_is_where_the_docs_say(dummy):
+    found = discover("dummyset")
+    assert [patchset.test_file(p) for p in found] == ["tests/patches/extra/test_dummy_repair.py",
+                                                      "tests/patches/extra/test_dummy_guard.py"]
+    with open(os.path.join(ROOT, "docs", "patches.md")) as fh:
+        assert "are `tests/patches/<group>/test_<module>.py`" in fh.read()
+
+
+def test_every_patch_test_file_is_named_after_a_patch_of_its_group_and_the_unit_env_runs_them():
+    """A test file of ``tests/patches/<group>/`` names a patch module of that group: none is misfiled,
+    and their names are unique as the patch ids are (pytest imports them without packages)."""
+    expected = {patchset.test_file(p) for p in hooks.patches()}
+    files = sorted(os.path.relpath(f, ROOT).replace(os.sep, "/")
+                   for f in glob.glob(os.path.join(ROOT, "tests", "patches", "*", "test_*.py")))
+    assert files and set(files) <= expected, sorted(set(files) - expected)
+    assert len({os.path.basename(f) for f in files}) == len(files)
+    with open(os.path.join(ROOT, "tox.ini")) as fh:
+        unit = fh.read().split("[testenv:unit]", 1)[1].split("\n[", 1)[0]
+    assert " tests/patches " in unit

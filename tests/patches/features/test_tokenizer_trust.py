@@ -1,17 +1,22 @@
-"""The two patches the Kimi-K2.5 tests brought: their probes on source variants and the
-gating of their wrappers, with stand-in classes (no vLLM, torch or transformers here; the
-end-to-end tests run them on the real ones: tests/test_e2e.py, test_kimi_k25_*)."""
+"""tokenizer-trust: the probe on source variants of the stock constructor, the wrapper's gating with
+stand-in classes (no vLLM, torch or transformers here; the end-to-end tests run it on the real ones:
+tests/test_e2e.py, test_kimi_k25_*), and its decision on every validated release."""
 
 from __future__ import annotations
 
 import threading
+import types
 from types import SimpleNamespace
 
-from speculators_compat.patches.cpu_platform import cpu_kimi_k25_device
-from speculators_compat.patches.features import tokenizer_trust
-from speculators_compat.core.registry import Patcher, Shape
+from packaging.version import Version
 
-# the two calls as speculators 0.3.0 and 0.4.0.1 write them in VllmHiddenStatesGenerator.__init__
+from probe_inputs import _context_of
+from speculators_compat.check import validation
+from speculators_compat.core.registry import Patcher, Probe, Shape, Status, evaluate
+from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patches.features import tokenizer_trust
+
+
 STOCK_INIT = '''def __init__(
         self,
         model_path: str,
@@ -69,43 +74,22 @@ def test_tokenizer_trust_only_for_the_generators_own_load():
     assert "from_pretrained" in vars(AutoTokenizer) and isinstance(vars(AutoTokenizer)["from_pretrained"], classmethod)
 
 
-KIMI_015 = '''def __init__(self, vllm_config, prefix=""):
-        self.device = torch.cuda.current_device()
-'''
+def test_tokenizer_trust_applies_on_every_validated_release():
+    """Kimi-K2.5 needs tokenizer-trust on every vLLM: no validated release, on any transformers it
+    was validated with, may leave it off (it was off on 0.17.0, 0.18.0 and 0.19.1)."""
+    import dataclasses
 
+    from speculators_compat.patches.features import tokenizer_trust
 
-def test_cpu_kimi_k25_device_probe():
-    assert cpu_kimi_k25_device._judge(True, KIMI_015).shape is Shape.NEW
-    fixed = KIMI_015.replace("torch.cuda.current_device()", "current_platform.current_device()")
-    assert cpu_kimi_k25_device._judge(True, fixed).shape is Shape.OLD
-    assert cpu_kimi_k25_device._judge(True, "").shape is Shape.OLD  # no Kimi-K2.5 in this vLLM
-    assert cpu_kimi_k25_device._judge(False, KIMI_015).shape is Shape.OLD  # a GPU has a CUDA device
-
-
-def test_cpu_kimi_k25_device_answers_only_inside_the_constructor():
-    calls = []
-
-    def current_device():
-        calls.append("cuda")
-        raise RuntimeError("Found no NVIDIA driver on your system")
-
-    cuda = SimpleNamespace(current_device=current_device)
-
-    class Kimi:
-        def __init__(self):
-            self.device = cuda.current_device()
-
-    patcher = Patcher()
-    patcher.wrap(cuda, "current_device", cpu_kimi_k25_device._current_device)
-    patcher.wrap(Kimi, "__init__", cpu_kimi_k25_device._init)
-    try:
-        assert Kimi().device == "cpu"
-        assert calls == []
-        try:
-            cuda.current_device()
-        except RuntimeError as exc:
-            assert "NVIDIA" in str(exc)
-        else:
-            raise AssertionError("outside the constructor the CUDA call must run as it is")
-    finally:
-        patcher.undo()
+    patch = dataclasses.replace(tokenizer_trust.PATCH, probe=lambda m: Probe.new("AutoTokenizer without trust"))
+    table = validation.load_table()
+    seen = 0
+    for spec, part in table["speculators"].items():
+        for rel, info in part["vllm"].items():
+            for tf in info["transformers"]:
+                here = _context_of(rel, spec + ".0", tf, table)
+                decision = evaluate(patch, types.ModuleType(GENERATOR), ctx=here)
+                want = Status.APPLIES if Version(rel) >= Version("0.11.1") else Status.NOT_NEEDED
+                assert decision.status is want, (rel, spec, tf, decision.reason)
+                seen += 1
+    assert seen >= 40

@@ -1,0 +1,50 @@
+"""mrv2-rows: Model Runner V2's row layout, the probe and the rows put back in the scheduler's order
+on real tensors (skipped without torch)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from speculators_compat.errors import IncompatibleVllmError
+from speculators_compat.core.registry import Shape
+
+mrv2 = importlib.import_module("speculators_compat.patches.vllm_api.mrv2_rows")
+
+
+def test_mrv2_rows_probe_not_needed_while_the_v1_runner_exists():
+    assert mrv2._judge(True, None).shape is Shape.OLD
+    assert mrv2._judge(False, None).shape is Shape.UNKNOWN
+    assert mrv2._judge(False, "InputBatch(req_ids=req_ids, query_start_loc_np=q)").shape is Shape.UNKNOWN
+    full = "InputBatch(req_ids=req_ids, query_start_loc_np=q, num_computed_tokens_np=c)"
+    assert mrv2._judge(False, full).shape is Shape.NEW
+
+
+def test_mrv2_rows_puts_each_request_back_in_the_schedulers_order():
+    torch = pytest.importorskip("torch")
+    # the scheduler scheduled a (3 tokens), b (1), c (2); MRv2 ran them sorted by length: b, c, a,
+    # plus 2 padding rows
+    step = mrv2.StepRows(["b", "c", "a"], [0, 1, 3, 6], [0, 0, 0], ["a", "b", "c"], padded=8)
+    rows = torch.tensor([[10.0], [20.0], [21.0], [30.0], [31.0], [32.0], [-1.0], [-1.0]])
+    assert step.stock_order(rows).flatten().tolist() == [30.0, 31.0, 32.0, 10.0, 20.0, 21.0]
+    assert step.rows["a"] == (3, 3, 0) and step.total == 6 and not step.in_order
+
+
+def test_mrv2_rows_in_order_is_a_view_without_padding():
+    torch = pytest.importorskip("torch")
+    step = mrv2.StepRows(["a", "b"], [0, 2, 5], [0, 0], ["a", "b"], padded=6)
+    rows = torch.arange(6.0).reshape(6, 1)
+    out = step.stock_order(rows)
+    assert step.in_order and out.data_ptr() == rows.data_ptr() and out.shape[0] == 5
+
+
+def test_mrv2_rows_refuses_rows_it_cannot_place():
+    torch = pytest.importorskip("torch")
+    step = mrv2.StepRows(["a", "b"], [0, 2, 5], [0, 0], ["a", "b"], padded=5)
+    with pytest.raises(IncompatibleVllmError, match="cannot be placed"):
+        step.stock_order(torch.zeros(4, 1))
+    with pytest.raises(IncompatibleVllmError, match="cannot be placed by request"):
+        mrv2.StepRows(["a", "x"], [0, 2, 5], [0, 0], ["a", "b"], padded=5)
+    with pytest.raises(IncompatibleVllmError, match="cannot be placed by request"):  # a scheduled one missing
+        mrv2.StepRows(["a"], [0, 2], [0], ["a", "b"], padded=2)

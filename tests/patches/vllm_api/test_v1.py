@@ -1,0 +1,15 @@
+"""v1: the probe judges the scheduler's and the kv-cache helper's half each."""
+
+from __future__ import annotations
+
+from probe_inputs import sig
+
+
+def test_v1_judges_each_half():
+    from speculators_compat.patches.vllm_api.v1 import _judge
+
+    new_sched = sig("max_num_seqs", "max_model_len", "is_encoder_decoder")
+    old_sched = sig(optional=("max_num_seqs", "max_model_len"))
+    assert _judge(new_sched, sig("vllm_config", "kv_cache_groups", "available_memory")).shape.value == "new"
+    assert _judge(old_sched, sig("vllm_config", "kv_cache_groups", "kv_cache_specs", "available_memory")).shape.value == "old"
+    assert _judge(old_sched, sig("vllm_config", "groups")).shape.value == "unknown"
