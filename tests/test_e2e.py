@@ -554,7 +554,7 @@ def test_every_patch_is_shown_necessary():
     # cpu-kimi-k25-device: test_kimi_k25_on_cpu_needs_the_device_patch (vLLM 0.15.x);
     # results-in-place, pipelined-steps: features (same data, less time): the scenario's "leak" step
     # (blocks own their bytes, segments reused, no file left), tests/test_transport.py,
-    # tests/test_pipelined.py, benchmarks/gpu_extract.py; self-check, self-check-reference: the
+    # tests/patches/features/test_pipelined_steps.py, benchmarks/gpu_extract.py; self-check, self-check-reference: the
     # scenario's selfcheck step (every injected fault caught), tests/test_selfcheck.py;
     # spawn-workers: CUDA only (docs/gpu.md: on an H200 forked workers failed at start, spawned ran);
     # v8, v9, mrv2-rows: vLLM 0.33/0.34 have no CPU build -- their deltas are read from the real
