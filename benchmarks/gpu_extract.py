@@ -125,8 +125,7 @@ STOCK_TARGET = 0.90
 
 
 def build(root: Path, names) -> dict:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     from speculators_compat.testing import tiny
 
@@ -139,16 +138,8 @@ def build(root: Path, names) -> dict:
         t = time.time()
         config = LlamaConfig(max_position_embeddings=32768, bos_token_id=1, eos_token_id=2,
                              tie_word_embeddings=False, torch_dtype="bfloat16", **MODELS[name])
-        torch.manual_seed(0)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        with torch.device(device):
-            model = LlamaForCausalLM(config).to(torch.bfloat16)
-        tiny.randomize_final_norm(model)  # as a trained model's: a row normed twice differs (self-check)
-        model.save_pretrained(str(path), safe_serialization=True)
-        tiny.build_tokenizer(path, vocab_size=384)
-        del model
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        # final norm as a trained model's: a row normed twice differs (self-check)
+        tiny.save_random_llama(path, config, final_norm=True)
         out[name] = f"built in {time.time() - t:.1f} s"
         print(name, out[name], flush=True)
     return out

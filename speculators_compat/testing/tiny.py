@@ -17,6 +17,7 @@ __all__ = [
     "build_qwen3",
     "build_deepseek_v3",
     "build_kimi_k25",
+    "save_random_llama",
     "hf_reference",
     "cpu_environment",
 ]
@@ -251,6 +252,26 @@ def randomize_final_norm(model) -> None:
 
     with torch.no_grad():
         model.model.norm.weight.uniform_(0.5, 1.5)
+
+
+def save_random_llama(path: str | Path, config, *, final_norm: bool = True) -> None:
+    """A random-weight Llama of ``config`` in bf16, made on the GPU where there is one (an 8B in
+    seconds), saved with the tiny tokenizer: the GPU benchmarks' and perf tests' models.
+    ``final_norm``: non-unit final-norm weights (:func:`randomize_final_norm`)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    if final_norm:
+        randomize_final_norm(model)
+    model.save_pretrained(str(path), safe_serialization=True)
+    build_tokenizer(path, vocab_size=384)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _hub_tensors(model) -> dict:
