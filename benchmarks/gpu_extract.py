@@ -125,8 +125,7 @@ STOCK_TARGET = 0.90
 
 
 def build(root: Path, names) -> dict:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     from speculators_compat.testing import tiny
 
@@ -139,16 +138,8 @@ def build(root: Path, names) -> dict:
         t = time.time()
         config = LlamaConfig(max_position_embeddings=32768, bos_token_id=1, eos_token_id=2,
                              tie_word_embeddings=False, torch_dtype="bfloat16", **MODELS[name])
-        torch.manual_seed(0)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        with torch.device(device):
-            model = LlamaForCausalLM(config).to(torch.bfloat16)
-        tiny.randomize_final_norm(model)  # as a trained model's: a row normed twice differs (self-check)
-        model.save_pretrained(str(path), safe_serialization=True)
-        tiny.build_tokenizer(path, vocab_size=384)
-        del model
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        # final norm as a trained model's: a row normed twice differs (self-check)
+        tiny.save_random_llama(path, config, final_norm=True)
         out[name] = f"built in {time.time() - t:.1f} s"
         print(name, out[name], flush=True)
     return out
@@ -457,271 +448,365 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
           async_too: bool = False, before_too: bool = False, sched_ab: bool = False,
           worker_profile: bool = False, vllm_extract: bool = False, vllm_extract_dir: str | None = None,
           vllm_extract_util: float | None = None) -> dict:
-    import torch
+    """The ``bench`` command (the module's docstring says what it measures): the engines built in
+    one process, each mode warmed up then timed in rotated rounds, the report written to ``out``
+    as it grows and summed up in one printed JSON line. The process then ends (``os._exit``)."""
+    run = _Bench(model, out, rounds, n, length, util, dtype, async_too)
+    run.start_prefill(record_runner=vllm_extract)
+    run.start_generator()
+    if sched_ab:
+        run.add_prefill_gen_sched()
+    if before_too:
+        run.modes["extract_before"] = lambda: run.extract(True)
+    if async_too:
+        run.add_async_generator()
+    if vllm_extract:
+        run.add_vllm_extract(vllm_extract_dir, vllm_extract_util)
+    run.warm_up()
+    run.measure()
+    run.after_rounds(worker_profile)
+    run.summarize()
+    run.print_line()
+    run.shutdown()
+    os._exit(0)  # do not wait for the rest of the teardown
 
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    layers_n = cfg["num_hidden_layers"]
-    layer_ids = [2, layers_n // 2, layers_n - 3, layers_n - 1]
-    batch = prompts(n, length, cfg["vocab_size"], seed=7)
-    tokens = n * length
-    name = Path(model).name
-    report: dict = {"model": model, "config": {k: cfg[k] for k in MODELS["llama-1b"]}, "prompts": n,
-                    "length": length, "layers": layer_ids, "rounds": rounds, "target": TARGETS.get(name),
-                    "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None, "calls": {}}
 
-    def save():
-        out.write_text(json.dumps(report, indent=1))
+class _Bench:
+    """One ``bench`` run: its engines, the modes it times (``modes``: name -> a call returning the
+    call's parts) and the report."""
 
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    def __init__(self, model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str,
+                 async_too: bool):
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        layers_n = cfg["num_hidden_layers"]
+        self.model, self.out, self.rounds, self.util, self.dtype = model, out, rounds, util, dtype
+        self.async_too = async_too
+        self.cfg = cfg
+        self.layer_ids = [2, layers_n // 2, layers_n - 3, layers_n - 1]
+        self.batch = prompts(n, length, cfg["vocab_size"], seed=7)
+        self.tokens = n * length
+        self.report: dict = {"model": model, "config": {k: cfg[k] for k in MODELS["llama-1b"]}, "prompts": n,
+                             "length": length, "layers": self.layer_ids, "rounds": rounds,
+                             "target": TARGETS.get(Path(model).name),
+                             "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None, "calls": {}}
+        self.modes: dict = {}
+        self.sent: dict = {}  # the last results of each generator, held until its next call
+        self.llm = self.llm_gen = self.gen = self.gen_async = self.anchor = None
+        self.marks = self.marks_async = None
+        self.peak_rss = 0.0
 
-    t = time.time()
-    llm = LLM(model=model, enforce_eager=True, gpu_memory_utilization=util, enable_prefix_caching=False, dtype=dtype)
-    if dtype != "auto":
-        os.environ["SPECULATORS_COMPAT_DTYPE"] = dtype  # the generator's, through the dtype patch
-    report["llm_init_s"] = round(time.time() - t, 1)
-    report["prefill_engine"] = _sched(getattr(llm.llm_engine, "vllm_config", None))
-    if vllm_extract and report["prefill_engine"]:  # started before runner-v1 sets VLLM_USE_V2_MODEL_RUNNER=0
-        report["prefill_engine"]["model_runner_v2"] = _runner_v2(getattr(llm.llm_engine, "vllm_config", None))
+    def save(self) -> None:
+        self.out.write_text(json.dumps(self.report, indent=1))
 
-    def prefill():
-        llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], SamplingParams(max_tokens=1),
-                     use_tqdm=False)
+    # -- the engines and their modes --------------------------------------------------------
 
-    import speculators_compat
-    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-    from speculators_compat.patches.features import pipelined_steps
+    def start_prefill(self, record_runner: bool) -> None:
+        """vLLM's own eager prefill (``prefill``), started before the generator."""
+        from vllm import LLM
 
-    t = time.time()
-    if async_too:  # ``extract`` then runs the steps synchronously, ``extract_async`` as installed
-        os.environ["SPECULATORS_COMPAT_ASYNC_STEPS"] = "0"
-    gen = VllmHiddenStatesGenerator(model, layer_ids=layer_ids, max_model_len=2048, gpu_memory_utilization=util)
-    os.environ.pop("SPECULATORS_COMPAT_ASYNC_STEPS", None)
-    report["generator_init_s"] = round(time.time() - t, 1)
-    report["generator_engine"] = _sched(gen.vllm_config)
-    report["applied_driver"] = speculators_compat.applied_ids()
-    report["applied_worker"] = gen.executor.collective_rpc(w_applied)[0]
-    report["features"] = {side: {p: p in report[f"applied_{side}"] for p in ids} for side, ids in FEATURES.items()}
-    # offload-captured is CUDA only; elsewhere its absence is expected
-    report["missing_features"] = [p for side, got in report["features"].items() for p, on in got.items()
-                                  if not on and not (p == "offload-captured" and not torch.cuda.is_available())]
-    if report["missing_features"]:
-        print(f"WARNING: not applied: {report['missing_features']} -- these figures are not the library's "
-              "(an unvalidated release? RECORD=1 makes a validation run)", flush=True)
-    marks = Marks()
-    marks.watch(gen)
-    sent = {}
+        t = time.time()
+        self.llm = LLM(model=self.model, enforce_eager=True, gpu_memory_utilization=self.util,
+                       enable_prefix_caching=False, dtype=self.dtype)
+        if self.dtype != "auto":
+            os.environ["SPECULATORS_COMPAT_DTYPE"] = self.dtype  # the generator's, through the dtype patch
+        report = self.report
+        report["llm_init_s"] = round(time.time() - t, 1)
+        report["prefill_engine"] = _sched(getattr(self.llm.llm_engine, "vllm_config", None))
+        if record_runner and report["prefill_engine"]:  # started before runner-v1 sets VLLM_USE_V2_MODEL_RUNNER=0
+            report["prefill_engine"]["model_runner_v2"] = _runner_v2(getattr(self.llm.llm_engine, "vllm_config", None))
+        self.modes["prefill"] = lambda: self.prefill() or {}
 
-    def extract(before: bool):
+    def prefill(self) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in self.batch], SamplingParams(max_tokens=1),
+                          use_tqdm=False)
+
+    def start_generator(self) -> None:
+        """The stock generator through the shim, as installed (``extract``, ``extract_nocheck``,
+        ``steps_nohooks``); which performance patches applied."""
+        import torch
+
+        import speculators_compat
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+        from speculators_compat import selfcheck
+        from speculators_compat.patches.features import pipelined_steps
+
+        self._compat, self._selfcheck, self._pipelined = speculators_compat, selfcheck, pipelined_steps
+        report = self.report
+        t = time.time()
+        if self.async_too:  # ``extract`` then runs the steps synchronously, ``extract_async`` as installed
+            os.environ["SPECULATORS_COMPAT_ASYNC_STEPS"] = "0"
+        self.gen = VllmHiddenStatesGenerator(self.model, layer_ids=self.layer_ids, max_model_len=2048,
+                                             gpu_memory_utilization=self.util)
+        os.environ.pop("SPECULATORS_COMPAT_ASYNC_STEPS", None)
+        report["generator_init_s"] = round(time.time() - t, 1)
+        report["generator_engine"] = _sched(self.gen.vllm_config)
+        report["applied_driver"] = speculators_compat.applied_ids()
+        report["applied_worker"] = self.gen.executor.collective_rpc(w_applied)[0]
+        report["features"] = {side: {p: p in report[f"applied_{side}"] for p in ids} for side, ids in FEATURES.items()}
+        # offload-captured is CUDA only; elsewhere its absence is expected
+        report["missing_features"] = [p for side, got in report["features"].items() for p, on in got.items()
+                                      if not on and not (p == "offload-captured" and not torch.cuda.is_available())]
+        if report["missing_features"]:
+            print(f"WARNING: not applied: {report['missing_features']} -- these figures are not the library's "
+                  "(an unvalidated release? RECORD=1 makes a validation run)", flush=True)
+        self.marks = Marks()
+        self.marks.watch(self.gen)
+        self.modes.update(extract=self.extract_checked, extract_nocheck=self.extract_nocheck,
+                          steps_nohooks=self.nohooks)
+
+    def extract(self, before: bool) -> dict:
+        """One call of the generator; ``before``: with ``results-in-place`` and ``pipelined-steps`` off."""
+        pipelined = self._pipelined
         if before:
-            speculators_compat.revert(["results-in-place"])
-            pipelined_steps.PipelinedExecutor.execute_model = _blocking_execute
-            pipelined_steps.PipelinedExecutor.sample_tokens = _blocking_sample
+            self._compat.revert(["results-in-place"])
+            pipelined.PipelinedExecutor.execute_model = _blocking_execute
+            pipelined.PipelinedExecutor.sample_tokens = _blocking_sample
         try:
-            t0 = marks.start()
-            res = gen.generate(batch)
+            t0 = self.marks.start()
+            res = self.gen.generate(self.batch)
             _sync()
             t1 = time.perf_counter()
-            sent["results"] = res  # held like the stock script's `results` until the next call
-            return marks.split(t0, t1)
+            self.sent["results"] = res  # held like the stock script's `results` until the next call
+            return self.marks.split(t0, t1)
         finally:
             if before:
-                pipelined_steps.PipelinedExecutor.execute_model = _ORIG["execute_model"]
-                pipelined_steps.PipelinedExecutor.sample_tokens = _ORIG["sample_tokens"]
-                speculators_compat.reset()
-                speculators_compat.apply()
+                pipelined.PipelinedExecutor.execute_model = _ORIG["execute_model"]
+                pipelined.PipelinedExecutor.sample_tokens = _ORIG["sample_tokens"]
+                self._compat.reset()
+                self._compat.apply()
 
-    def nohooks():
-        gen.executor.collective_rpc(w_hooks, args=(False, layer_ids))
-        t0 = marks.start()
+    def nohooks(self) -> dict:
+        """The generator's steps alone: the capture hooks off in the worker for one call."""
+        self.gen.executor.collective_rpc(w_hooks, args=(False, self.layer_ids))
+        t0 = self.marks.start()
         try:
-            gen.generate(batch)  # no states: the call fails at its end, after the steps
+            self.gen.generate(self.batch)  # no states: the call fails at its end, after the steps
         except Exception as exc:  # noqa: BLE001 - expected: nothing was captured
-            sent["nohooks_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            self.sent["nohooks_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
         finally:
-            gen.executor.collective_rpc(w_hooks, args=(True, layer_ids))
-        return {"before_steps_s": (marks.first_step - t0) if marks.first_step else None}
+            self.gen.executor.collective_rpc(w_hooks, args=(True, self.layer_ids))
+        return {"before_steps_s": (self.marks.first_step - t0) if self.marks.first_step else None}
 
-    from speculators_compat import selfcheck
-
-    def extract_nocheck():
-        os.environ[selfcheck.SELF_CHECK_ENV] = "0"
+    def extract_nocheck(self) -> dict:
+        os.environ[self._selfcheck.SELF_CHECK_ENV] = "0"
         try:
-            return extract(False)
+            return self.extract(False)
         finally:
-            os.environ.pop(selfcheck.SELF_CHECK_ENV, None)
+            os.environ.pop(self._selfcheck.SELF_CHECK_ENV, None)
 
-    def extract_checked():
-        totals = selfcheck.totals_of(gen)
+    def extract_checked(self) -> dict:
+        totals = self._selfcheck.totals_of(self.gen)
         before = totals.seconds
-        out = extract(False)
+        out = self.extract(False)
         out["self_check_s"] = totals.seconds - before
         return out
 
-    modes = {"prefill": lambda: prefill() or {}, "extract": extract_checked, "extract_nocheck": extract_nocheck,
-             "steps_nohooks": nohooks}
-    if sched_ab:  # vLLM's own prefill with the generator's scheduler settings (and, after runner-v1, its V1 runner)
-        g = report["generator_engine"]
+    def add_prefill_gen_sched(self) -> None:
+        """vLLM's own prefill with the generator's scheduler settings (and, after runner-v1, its V1
+        runner): ``prefill_gen_sched``."""
+        from vllm import LLM
+
+        g = self.report["generator_engine"]
         t = time.time()
-        llm_gen = LLM(model=model, enforce_eager=True, gpu_memory_utilization=util, enable_prefix_caching=False,
-                      dtype=dtype, max_num_batched_tokens=g["max_num_batched_tokens"], max_num_seqs=g["max_num_seqs"],
-                      enable_chunked_prefill=False, max_model_len=gen.vllm_config.model_config.max_model_len)
-        report["llm_gen_sched_init_s"] = round(time.time() - t, 1)
-        report["prefill_gen_sched_engine"] = _sched(getattr(llm_gen.llm_engine, "vllm_config", None))
+        self.llm_gen = LLM(model=self.model, enforce_eager=True, gpu_memory_utilization=self.util,
+                           enable_prefix_caching=False, dtype=self.dtype,
+                           max_num_batched_tokens=g["max_num_batched_tokens"], max_num_seqs=g["max_num_seqs"],
+                           enable_chunked_prefill=False, max_model_len=self.gen.vllm_config.model_config.max_model_len)
+        self.report["llm_gen_sched_init_s"] = round(time.time() - t, 1)
+        self.report["prefill_gen_sched_engine"] = _sched(getattr(self.llm_gen.llm_engine, "vllm_config", None))
+        self.modes["prefill_gen_sched"] = self.prefill_gen_sched
 
-        def prefill_gen_sched():
-            llm_gen.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], SamplingParams(max_tokens=1),
-                             use_tqdm=False)
-            return {}
+    def prefill_gen_sched(self) -> dict:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
 
-        modes["prefill_gen_sched"] = prefill_gen_sched
-    if before_too:
-        modes["extract_before"] = lambda: extract(True)
-    if async_too:
+        self.llm_gen.generate([TokensPrompt(prompt_token_ids=ids) for ids in self.batch],
+                              SamplingParams(max_tokens=1), use_tqdm=False)
+        return {}
+
+    def add_async_generator(self) -> None:
+        """A second generator, as installed (asynchronous steps): ``extract_async``."""
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
         t = time.time()
-        gen_async = VllmHiddenStatesGenerator(model, layer_ids=layer_ids, max_model_len=2048,
-                                              gpu_memory_utilization=util)
-        report["generator_async_init_s"] = round(time.time() - t, 1)
-        report["async_scheduling"] = bool(gen_async.vllm_config.scheduler_config.async_scheduling)
-        marks_async = Marks()
-        marks_async.watch(gen_async)
+        self.gen_async = VllmHiddenStatesGenerator(self.model, layer_ids=self.layer_ids, max_model_len=2048,
+                                                   gpu_memory_utilization=self.util)
+        self.report["generator_async_init_s"] = round(time.time() - t, 1)
+        self.report["async_scheduling"] = bool(self.gen_async.vllm_config.scheduler_config.async_scheduling)
+        self.marks_async = Marks()
+        self.marks_async.watch(self.gen_async)
+        self.modes["extract_async"] = self.extract_async
 
-        def extract_async():
-            t0 = marks_async.start()
-            res = gen_async.generate(batch)
-            _sync()
-            sent["results_async"] = res
-            return marks_async.split(t0, time.perf_counter())
+    def extract_async(self) -> dict:
+        t0 = self.marks_async.start()
+        res = self.gen_async.generate(self.batch)
+        _sync()
+        self.sent["results_async"] = res
+        return self.marks_async.split(t0, time.perf_counter())
 
-        def check_async():
-            # the same rows as the synchronous generator (bitwise: same kernels, same batches)
-            a, b = sent.get("results"), sent.get("results_async")
-            if a and b:
-                report["async_equal"] = all(torch.equal(x, y) for ra, rb in zip(a, b)
-                                            for x, y in zip(ra["hidden_states"], rb["hidden_states"]))
-        modes["extract_async"] = extract_async
-    anchor = None
-    if vllm_extract:  # vLLM's own extraction: the same model, prompts and layers (its figures fail soft)
+    def check_async(self) -> None:
+        """The same rows as the synchronous generator (bitwise: same kernels, same batches)."""
+        import torch
+
+        a, b = self.sent.get("results"), self.sent.get("results_async")
+        if a and b:
+            self.report["async_equal"] = all(torch.equal(x, y) for ra, rb in zip(a, b)
+                                             for x, y in zip(ra["hidden_states"], rb["hidden_states"]))
+
+    def add_vllm_extract(self, folder: str | None, util: float | None) -> None:
+        """vLLM's own extraction on the same model, prompts and layers (``vllm_extract``; its
+        figures fail soft)."""
         base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-        folder = vllm_extract_dir or f"{base}/gpu-extract-anchor-{os.getpid()}"
-        report["vllm_extract"] = {"engine_args": anchor_config(layer_ids, folder)}
+        folder = folder or f"{base}/gpu-extract-anchor-{os.getpid()}"
+        self.report["vllm_extract"] = {"engine_args": anchor_config(self.layer_ids, folder)}
         try:
-            anchor = Anchor(model, batch, layer_ids, vllm_extract_util or util, dtype, folder)
-            report["vllm_extract"] = anchor.describe()
-            modes["vllm_extract"] = anchor
+            self.anchor = Anchor(self.model, self.batch, self.layer_ids, util or self.util, self.dtype, folder)
+            self.report["vllm_extract"] = self.anchor.describe()
+            self.modes["vllm_extract"] = self.anchor
         except Exception as exc:  # noqa: BLE001 - recorded; the other modes are still measured
-            report["vllm_extract"]["error"] = f"engine: {type(exc).__name__}: {str(exc)[:1500]}"
-        save()
+            self.report["vllm_extract"]["error"] = f"engine: {type(exc).__name__}: {str(exc)[:1500]}"
+        self.save()
 
-    def call(mode):
+    # -- timing -----------------------------------------------------------------------------
+
+    def call(self, mode: str):
         """One call of ``mode``, timed between synchronisations: (seconds, its parts); None where
         vLLM's own extraction failed (recorded, and left out from then on)."""
+        import torch
+
         _sync()
         t = time.perf_counter()
         try:
-            extra = modes[mode]()
+            extra = self.modes[mode]()
         except Exception as exc:  # noqa: BLE001 - only vllm_extract fails soft
             if mode != "vllm_extract":
                 raise
-            report["vllm_extract"]["error"] = f"call: {type(exc).__name__}: {str(exc)[:1500]}"
+            x = self.report["vllm_extract"]
+            x["error"] = f"call: {type(exc).__name__}: {str(exc)[:1500]}"
             if not torch.cuda.is_available() and not os.environ.get(ANCHOR_MODULE_ENV):
-                report["vllm_extract"]["note"] = CPU_NOTE
-            print(f"vllm_extract failed, left out: {report['vllm_extract']['error']}", flush=True)
-            del modes[mode]
-            anchor.shutdown()
-            save()
+                x["note"] = CPU_NOTE
+            print(f"vllm_extract failed, left out: {x['error']}", flush=True)
+            del self.modes[mode]
+            self.anchor.shutdown()
+            self.save()
             return None
         _sync()
         return time.perf_counter() - t, extra
 
-    report["first_call"] = {}  # each mode's first full-size call (the first of its warm-up)
-    for mode in list(modes):  # warm-up: each mode twice (segments created and registered here)
-        got = call(mode)
-        if got is None:
-            continue
-        report["first_call"][mode] = {"s": round(got[0], 4), "tokens_s": round(tokens / got[0]),
-                                      **{k: round(v, 4) for k, v in got[1].items() if v is not None}}
-        if call(mode) is None:
-            continue
-        gen.executor.collective_rpc(w_stats)
-    peak_rss = 0.0
-    order = list(modes)
-    for r in range(rounds):
-        for mode in order[r % len(order):] + order[:r % len(order)]:
-            if mode not in modes:
-                continue
-            got = call(mode)
+    def warm_up(self) -> None:
+        """Each mode twice (segments created and registered here); the first is its ``first_call``."""
+        first = self.report["first_call"] = {}  # each mode's first full-size call (the first of its warm-up)
+        for mode in list(self.modes):
+            got = self.call(mode)
             if got is None:
                 continue
-            dt, extra = got
-            worker = gen.executor.collective_rpc(w_stats)[0] if mode in ("extract", "extract_before") else {}
-            peak_rss = max(peak_rss, rss_gib())
-            report["calls"].setdefault(mode, []).append({"s": round(dt, 4), "tokens_s": round(tokens / dt),
-                                                         **{k: round(v, 4) for k, v in extra.items() if v is not None},
-                                                         **worker})
-            save()
-    if "vllm_extract" in modes:  # the same rows? vLLM's last call against the generator's last results
-        try:
-            report["vllm_extract"]["check"] = anchor.compare(sent["results"])
-        except Exception as exc:  # noqa: BLE001 - recorded
-            report["vllm_extract"]["check"] = {"error": f"{type(exc).__name__}: {exc}"}
-        save()
-    if async_too:
-        modes["extract"](), modes["extract_async"]()
-        check_async()
-    report["driver_profile"] = _profile(lambda: extract_checked())  # where the driver's own time goes
-    if worker_profile:  # where the capturing worker's Python time goes, the self-check on and off
-        report["worker_profile"] = {}
-        for mode, fn in (("extract", extract_checked), ("extract_nocheck", extract_nocheck)):
-            gen.executor.collective_rpc(w_cprofile, args=(True,))
-            fn()
-            report["worker_profile"][mode] = gen.executor.collective_rpc(w_cprofile, args=(False,))[0]
-    report["nohooks_error"] = sent.get("nohooks_error")
-    med = {m: statistics.median(c["tokens_s"] for c in calls) for m, calls in report["calls"].items()}
-    report["median_tokens_s"] = med
-    report["ratio"] = {m: round(v / med["prefill"], 3) for m, v in med.items()}
-    report["spread_tokens_s"] = {m: [min(c["tokens_s"] for c in calls), max(c["tokens_s"] for c in calls)]
-                                 for m, calls in report["calls"].items()}
-    if "vllm_extract" in med:
-        report["vllm_extract"]["extract_over_vllm_extract"] = round(med["extract"] / med["vllm_extract"], 3)
-    report["breakdown_median_s"] = {
-        m: {k: round(statistics.median(c[k] for c in calls if k in c), 4)
-            for k in ("s", "before_steps_s", "steps_s", "reply_s", "after_reply_s", "guard_s", "wait_copies_s",
-                      "self_check_s", "generate_s", "load_s", "cleanup_s")
-            if any(k in c for c in calls)}
-        for m, calls in report["calls"].items() if m != "prefill"}
-    best = "extract_async" if async_too else "extract"  # the generator as installed
-    report["ratio_as_installed"] = report["ratio"][best]
-    if report["target"] is not None:
-        report["meets_target"] = report["ratio_as_installed"] >= report["target"] and not report["missing_features"]
-    if "extract_nocheck" in med:
-        report["self_check_cost"] = round(med["extract_nocheck"] / med["extract"] - 1, 4)  # 0.02 = 2 %
-        report["self_check"] = selfcheck.summary(gen)
-    report["peak_rss_gib"] = round(peak_rss, 2)  # the driver: every engine of the benchmark in one process
-    worker_calls = [c for m in ("extract", "extract_before") for c in report["calls"].get(m, [])]
-    report["worker_peak_device_gib"] = max((c.get("peak_device_gib", 0.0) for c in worker_calls), default=None)
-    report["worker_peak_rss_gib"] = max((c.get("peak_rss_gib", 0.0) for c in worker_calls), default=None)
-    report["state_gib_per_call"] = round(tokens * len(layer_ids) * cfg["hidden_size"] * 2 / 2**30, 3)
-    save()
-    line = {k: report.get(k) for k in ("model", "median_tokens_s", "ratio", "ratio_as_installed", "target")}
-    if "vllm_extract" in report:  # early in the line: run.sh keeps its first 1,500 characters
-        x = report["vllm_extract"]
-        line["vllm_extract"] = {"error": x.get("error"), "extract_over_vllm_extract": x.get("extract_over_vllm_extract"),
-                                "max_rel_l2_per_layer": (x.get("check") or {}).get("max_rel_l2_per_layer"),
-                                "check_error": (x.get("check") or {}).get("error")}
-    line.update({k: report.get(k) for k in ("meets_target", "missing_features", "breakdown_median_s",
-                                            "peak_rss_gib", "worker_peak_device_gib", "worker_peak_rss_gib",
-                                            "async_scheduling", "async_equal", "nohooks_error", "self_check_cost")})
-    print(json.dumps(line), flush=True)
-    for g in (gen, locals().get("gen_async")):
-        if g is not None:
-            g.executor.shutdown()
-    if "vllm_extract" in modes:
-        anchor.shutdown()
-    for engine in (llm, locals().get("llm_gen")):
-        if engine is not None:
-            engine.llm_engine.engine_core.shutdown()  # its engine process, which os._exit would leave behind
-    os._exit(0)  # do not wait for the rest of the teardown
+            first[mode] = {"s": round(got[0], 4), "tokens_s": round(self.tokens / got[0]),
+                           **{k: round(v, 4) for k, v in got[1].items() if v is not None}}
+            if self.call(mode) is None:
+                continue
+            self.gen.executor.collective_rpc(w_stats)
+
+    def measure(self) -> None:
+        """``rounds`` rounds over the modes, each round's order rotated by one; every call recorded."""
+        order = list(self.modes)
+        for r in range(self.rounds):
+            for mode in order[r % len(order):] + order[:r % len(order)]:
+                if mode not in self.modes:
+                    continue
+                got = self.call(mode)
+                if got is None:
+                    continue
+                dt, extra = got
+                worker = self.gen.executor.collective_rpc(w_stats)[0] if mode in ("extract", "extract_before") else {}
+                self.peak_rss = max(self.peak_rss, rss_gib())
+                self.report["calls"].setdefault(mode, []).append(
+                    {"s": round(dt, 4), "tokens_s": round(self.tokens / dt),
+                     **{k: round(v, 4) for k, v in extra.items() if v is not None}, **worker})
+                self.save()
+
+    def after_rounds(self, worker_profile: bool) -> None:
+        """vLLM's rows against the generator's, the asynchronous rows against the synchronous, and
+        where the driver's (and with ``worker_profile`` the workers') own time goes."""
+        report = self.report
+        if "vllm_extract" in self.modes:  # the same rows? vLLM's last call against the generator's last results
+            try:
+                report["vllm_extract"]["check"] = self.anchor.compare(self.sent["results"])
+            except Exception as exc:  # noqa: BLE001 - recorded
+                report["vllm_extract"]["check"] = {"error": f"{type(exc).__name__}: {exc}"}
+            self.save()
+        if self.async_too:
+            self.modes["extract"](), self.modes["extract_async"]()
+            self.check_async()
+        report["driver_profile"] = _profile(lambda: self.extract_checked())  # where the driver's own time goes
+        if worker_profile:  # where the capturing worker's Python time goes, the self-check on and off
+            report["worker_profile"] = {}
+            for mode, fn in (("extract", self.extract_checked), ("extract_nocheck", self.extract_nocheck)):
+                self.gen.executor.collective_rpc(w_cprofile, args=(True,))
+                fn()
+                report["worker_profile"][mode] = self.gen.executor.collective_rpc(w_cprofile, args=(False,))[0]
+        report["nohooks_error"] = self.sent.get("nohooks_error")
+
+    # -- the report -------------------------------------------------------------------------
+
+    def summarize(self) -> None:
+        """Medians, ratios to the prefill, the spread, where a call's time went, the bar, memory."""
+        report = self.report
+        calls_by_mode = report["calls"]
+        med = {m: statistics.median(c["tokens_s"] for c in calls) for m, calls in calls_by_mode.items()}
+        report["median_tokens_s"] = med
+        report["ratio"] = {m: round(v / med["prefill"], 3) for m, v in med.items()}
+        report["spread_tokens_s"] = {m: [min(c["tokens_s"] for c in calls), max(c["tokens_s"] for c in calls)]
+                                     for m, calls in calls_by_mode.items()}
+        if "vllm_extract" in med:
+            report["vllm_extract"]["extract_over_vllm_extract"] = round(med["extract"] / med["vllm_extract"], 3)
+        report["breakdown_median_s"] = {
+            m: {k: round(statistics.median(c[k] for c in calls if k in c), 4)
+                for k in ("s", "before_steps_s", "steps_s", "reply_s", "after_reply_s", "guard_s", "wait_copies_s",
+                          "self_check_s", "generate_s", "load_s", "cleanup_s")
+                if any(k in c for c in calls)}
+            for m, calls in calls_by_mode.items() if m != "prefill"}
+        best = "extract_async" if self.async_too else "extract"  # the generator as installed
+        report["ratio_as_installed"] = report["ratio"][best]
+        if report["target"] is not None:
+            report["meets_target"] = report["ratio_as_installed"] >= report["target"] and not report["missing_features"]
+        if "extract_nocheck" in med:
+            report["self_check_cost"] = round(med["extract_nocheck"] / med["extract"] - 1, 4)  # 0.02 = 2 %
+            report["self_check"] = self._selfcheck.summary(self.gen)
+        report["peak_rss_gib"] = round(self.peak_rss, 2)  # the driver: every engine of the benchmark in one process
+        worker_calls = [c for m in ("extract", "extract_before") for c in calls_by_mode.get(m, [])]
+        report["worker_peak_device_gib"] = max((c.get("peak_device_gib", 0.0) for c in worker_calls), default=None)
+        report["worker_peak_rss_gib"] = max((c.get("peak_rss_gib", 0.0) for c in worker_calls), default=None)
+        report["state_gib_per_call"] = round(self.tokens * len(self.layer_ids) * self.cfg["hidden_size"] * 2 / 2**30, 3)
+        self.save()
+
+    def print_line(self) -> None:
+        """The report's headline figures as one JSON line (run.sh keeps its first 1,500 characters)."""
+        report = self.report
+        line = {k: report.get(k) for k in ("model", "median_tokens_s", "ratio", "ratio_as_installed", "target")}
+        if "vllm_extract" in report:  # early in the line: run.sh keeps its first 1,500 characters
+            x = report["vllm_extract"]
+            line["vllm_extract"] = {"error": x.get("error"), "extract_over_vllm_extract": x.get("extract_over_vllm_extract"),
+                                    "max_rel_l2_per_layer": (x.get("check") or {}).get("max_rel_l2_per_layer"),
+                                    "check_error": (x.get("check") or {}).get("error")}
+        line.update({k: report.get(k) for k in ("meets_target", "missing_features", "breakdown_median_s",
+                                                "peak_rss_gib", "worker_peak_device_gib", "worker_peak_rss_gib",
+                                                "async_scheduling", "async_equal", "nohooks_error", "self_check_cost")})
+        print(json.dumps(line), flush=True)
+
+    def shutdown(self) -> None:
+        """The generators, vLLM's own extraction and the prefill engines (their engine processes,
+        which ``os._exit`` would leave behind)."""
+        for g in (self.gen, self.gen_async):
+            if g is not None:
+                g.executor.shutdown()
+        if "vllm_extract" in self.modes:
+            self.anchor.shutdown()
+        for engine in (self.llm, self.llm_gen):
+            if engine is not None:
+                engine.llm_engine.engine_core.shutdown()
 
 
 def _profile(fn, top: int = 25) -> list:
@@ -888,6 +973,9 @@ def _shm_used() -> int:
 
 def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path, disk_gib: float,
           util: float, prefill_json: str | None = None, save_gib: float = 2.0) -> dict:
+    """The ``stock`` command (the module's docstring says what it measures): the disk's and the save
+    path's bandwidth, then the stock script through ``speculators-compat run``, its memory sampled;
+    the report written to ``out`` and printed."""
     cfg = json.loads((Path(model) / "config.json").read_text())
     layers_n = cfg["num_hidden_layers"]
     layer_ids = [2, layers_n // 2, layers_n - 3, layers_n - 1]
@@ -899,23 +987,68 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         report["save_path"] = save_bandwidth(disk, save_gib, cfg["hidden_size"], len(layer_ids), length)
         report["save_path"]["ratio_to_disk"] = {k: round(v / report["disk_bytes_s"], 3)
                                                 for k, v in report["save_path"]["bytes_s"].items()}
+    data, rows = _stock_dataset(disk, calls * batch, length, cfg["vocab_size"])
+    outdir = disk / "out"
+    subprocess.run(["rm", "-rf", str(outdir)], check=True)
+    cmd = _stock_command(model, data, outdir, length, batch, util, layer_ids)
+    t_start = time.time()
+    rc, lines, samples, end = _run_sampled(cmd)
+    Path(f"{out}.child.log").write_text("\n".join(line for _, line in lines) + "\n")  # the whole run's output
+    report["rc"] = rc
+    report["log_tail"] = [line for _, line in lines if any(k in line for k in ("run:", "saved", "Error", "WARNING"))][-8:]
+    files = sorted(outdir.glob("data_*.pt"))
+    gen = [(t, int(m.group(1)), int(m.group(2)), float(m.group(3))) for t, line in lines
+           if (m := _GEN_LINE.search(line))]
+    report.update(files=len(files), bytes=sum(f.stat().st_size for f in files), run_s=round(end - t_start, 1))
+    if not (files and gen):
+        report["error"] = "no file saved or no generate() line seen"
+        out.write_text(json.dumps(report, indent=1))
+        print(json.dumps(report), flush=True)
+        return report
+    done = sorted(f.stat().st_ctime for f in files)  # the rename (and the chmod just before it)
+    first_call = _pipeline_figures(report, gen, done, sum(len(r) for r in rows[:len(files)]), t_start, end)
+    run = next((m for _, line in lines if (m := _RUN_LINE.search(line))), None)
+    if run:
+        _generate_figures(report, run)
+    if prefill_json and not Path(prefill_json).exists():
+        report["prefill_json_missing"] = prefill_json  # run bench first: the run is kept, without the ratios
+        prefill_json = None
+    if prefill_json:
+        _against_prefill(report, json.loads(Path(prefill_json).read_text()), len(layer_ids) * cfg["hidden_size"] * 2)
+    _memory_figures(report, samples, first_call, done[-1], t_start)
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("rss_gib_samples", "call_s", "log_tail")}),
+          flush=True)
+    return report
+
+
+def _stock_dataset(disk: Path, count: int, length: int, vocab: int) -> tuple[Path, list[list[int]]]:
+    """``count`` random prompts of ``length`` tokens as the stand-in script's JSON-lines file."""
     data = disk / "train.jsonl"
-    rows = prompts(calls * batch, length, cfg["vocab_size"], seed=11)
+    rows = prompts(count, length, vocab, seed=11)
     with open(data, "w") as f:
         for ids in rows:
             f.write(json.dumps({"input_ids": ids, "loss_mask": [1] * len(ids)}) + "\n")
-    outdir = disk / "out"
-    subprocess.run(["rm", "-rf", str(outdir)], check=True)
+    return data, rows
+
+
+def _stock_command(model: str, data: Path, outdir: Path, length: int, batch: int, util: float, layer_ids) -> list:
+    """``speculators-compat run`` of ``tests/stock_datagen.py`` (the stock data script's shape)."""
     script = Path(__file__).resolve().parent.parent / "tests" / "stock_datagen.py"
-    cmd = [sys.executable, "-m", "speculators_compat", "run", str(script), "--target-model-path", model,
-           "--train-data-path", str(data), "--output-dir", str(outdir), "--max-model-len", str(length + 1),
-           "--batch-size", str(batch), "--gpu-memory-utilization", str(util),
-           "--layer-ids", *map(str, layer_ids)]
-    samples: list[tuple[float, float, float, int]] = []  # (time, driver RSS, driver + workers RSS, /dev/shm used)
+    return [sys.executable, "-m", "speculators_compat", "run", str(script), "--target-model-path", model,
+            "--train-data-path", str(data), "--output-dir", str(outdir), "--max-model-len", str(length + 1),
+            "--batch-size", str(batch), "--gpu-memory-utilization", str(util),
+            "--layer-ids", *map(str, layer_ids)]
+
+
+def _run_sampled(cmd: list) -> tuple[int, list, list, float]:
+    """Run ``cmd`` to its end: its exit code, its output lines with the time each arrived, the
+    samples ``(time, driver RSS, driver + workers RSS, /dev/shm used since the start)`` taken every
+    0.2 s, and when it ended."""
+    samples: list[tuple[float, float, float, int]] = []
     shm0 = _shm_used()
-    t_start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[tuple[float, str]] = []  # each line with the time it arrived
+    lines: list[tuple[float, str]] = []
 
     def read():
         for line in proc.stdout:
@@ -930,26 +1063,17 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         time.sleep(0.2)
     end = time.time()
     reader.join(timeout=5)
-    Path(f"{out}.child.log").write_text("\n".join(line for _, line in lines) + "\n")  # the whole run's output
-    report["rc"] = proc.returncode
-    report["log_tail"] = [line for _, line in lines if any(k in line for k in ("run:", "saved", "Error", "WARNING"))][-8:]
-    files = sorted(outdir.glob("data_*.pt"))
-    nbytes = sum(f.stat().st_size for f in files)
-    done = sorted(f.stat().st_ctime for f in files)  # the rename (and the chmod just before it)
-    gen = [(t, int(m.group(1)), int(m.group(2)), float(m.group(3))) for t, line in lines
-           if (m := _GEN_LINE.search(line))]
-    run = next((m for _, line in lines if (m := _RUN_LINE.search(line))), None)
-    report.update(files=len(files), bytes=nbytes, run_s=round(end - t_start, 1))
-    if not (files and gen):
-        report["error"] = "no file saved or no generate() line seen"
-        out.write_text(json.dumps(report, indent=1))
-        print(json.dumps(report), flush=True)
-        return report
+    return proc.returncode, lines, samples, end
+
+
+def _pipeline_figures(report: dict, gen: list, done: list, tokens: int, t_start: float, end: float) -> float:
+    """The run's pipeline, from the first ``generate()`` call to the last file saved: its calls,
+    the time between them, samples/tokens/bytes per second. Returns when the first call began."""
     first_call = gen[0][0] - gen[0][3]  # the first generate() line arrives at its call's end
     window = done[-1] - first_call
     per_call = [g[3] for g in gen]
-    tokens = sum(len(r) for r in rows[:len(files)])
     gaps = [b[0] - b[3] - a[0] for a, b in zip(gen, gen[1:])]  # from a call's end to the next one's start
+    nbytes = report["bytes"]
     report.update(
         generate_calls=len(gen), call_s_median=round(statistics.median(per_call), 3), call_s_max=round(max(per_call), 3),
         call_s=[round(x, 3) for x in per_call],
@@ -958,34 +1082,42 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         # still running after the last call
         between_calls_s=round(sum(gaps), 2), between_calls_median_s=round(statistics.median(gaps or [0]), 3),
         after_last_call_s=round(done[-1] - gen[-1][0], 2),
-        samples_s=round(len(files) / window, 1), tokens_s=round(tokens / window), bytes_s=round(nbytes / window),
+        samples_s=round(report["files"] / window, 1), tokens_s=round(tokens / window), bytes_s=round(nbytes / window),
         ratio_to_disk=round(nbytes / window / report["disk_bytes_s"], 3),
     )
-    if run:
-        report["generate"] = {"calls": int(run.group(1)), "tokens": int(run.group(2)), "seconds": float(run.group(3)),
-                              "tokens_s": int(run.group(4))}
-        if run.group(5) is not None:
-            report["generate"]["between_calls_s"] = float(run.group(5))
-        if run.group(6) is not None:
-            report["held_results_waited_s"] = float(run.group(6))
-            report["held_results_peak_gib"] = float(run.group(7))
-    if prefill_json and not Path(prefill_json).exists():
-        report["prefill_json_missing"] = prefill_json  # run bench first: the run is kept, without the ratios
-        prefill_json = None
-    if prefill_json:
-        bench_report = json.loads(Path(prefill_json).read_text())
-        prefill = bench_report["median_tokens_s"]["prefill"]
-        state_bytes = len(layer_ids) * cfg["hidden_size"] * 2  # per token, bf16
-        report["prefill_tokens_s"] = round(prefill)
-        report["prefill_bytes_s"] = round(prefill * state_bytes)
-        report["ratio_to_prefill"] = round(report["tokens_s"] / prefill, 3)
-        if "generate" in report:
-            report["generate"]["ratio_to_prefill"] = round(report["generate"]["tokens_s"] / prefill, 3)
-        report["limited_by"] = "disk" if report["disk_bytes_s"] < report["prefill_bytes_s"] else "prefill"
-        report["ratio_to_bound"] = report["ratio_to_disk" if report["limited_by"] == "disk" else "ratio_to_prefill"]
-        report["target"] = STOCK_TARGET
-        report["meets_target"] = report["ratio_to_bound"] >= STOCK_TARGET and report["rc"] == 0
-    inside = [x for x in samples if first_call <= x[0] <= done[-1]]
+    return first_call
+
+
+def _generate_figures(report: dict, run) -> None:
+    """The runner's end line: its ``generate()`` totals, the time between the calls, held results."""
+    report["generate"] = {"calls": int(run.group(1)), "tokens": int(run.group(2)), "seconds": float(run.group(3)),
+                          "tokens_s": int(run.group(4))}
+    if run.group(5) is not None:
+        report["generate"]["between_calls_s"] = float(run.group(5))
+    if run.group(6) is not None:
+        report["held_results_waited_s"] = float(run.group(6))
+        report["held_results_peak_gib"] = float(run.group(7))
+
+
+def _against_prefill(report: dict, bench_report: dict, state_bytes: int) -> None:
+    """The run against the prefill of a ``bench`` report of the same model (``state_bytes``: a
+    token's states, bf16), and against what bounds it: the prefill or a slower disk."""
+    prefill = bench_report["median_tokens_s"]["prefill"]
+    report["prefill_tokens_s"] = round(prefill)
+    report["prefill_bytes_s"] = round(prefill * state_bytes)
+    report["ratio_to_prefill"] = round(report["tokens_s"] / prefill, 3)
+    if "generate" in report:
+        report["generate"]["ratio_to_prefill"] = round(report["generate"]["tokens_s"] / prefill, 3)
+    report["limited_by"] = "disk" if report["disk_bytes_s"] < report["prefill_bytes_s"] else "prefill"
+    report["ratio_to_bound"] = report["ratio_to_disk" if report["limited_by"] == "disk" else "ratio_to_prefill"]
+    report["target"] = STOCK_TARGET
+    report["meets_target"] = report["ratio_to_bound"] >= STOCK_TARGET and report["rc"] == 0
+
+
+def _memory_figures(report: dict, samples: list, first_call: float, last_saved: float, t_start: float) -> None:
+    """Resident memory and shared memory over the run; bounded when the pipeline's last quarter
+    holds no more than its first."""
+    inside = [x for x in samples if first_call <= x[0] <= last_saved]
     quarter = max(1, len(inside) // 4)
     report.update(
         rss_gib_max=round(max(x[1] for x in samples), 2),
@@ -997,10 +1129,6 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         rss_gib_samples=[[round(x[0] - t_start, 1), round(x[1], 2), round(x[2], 2), round(x[3] / 2**30, 2)]
                          for x in samples[:: max(1, len(samples) // 80)]],
     )
-    out.write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: v for k, v in report.items() if k not in ("rss_gib_samples", "call_s", "log_tail")}),
-          flush=True)
-    return report
 
 
 def separation(model: str, out: Path, tp: int, n: int, length: int, util: float, dtype: str) -> dict:

@@ -70,43 +70,32 @@ def startup(repeats: int) -> dict:
     return imp
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sequences", type=int, default=32)
     ap.add_argument("--out", default=str(Path(__file__).parent.parent / "docs" / "results" / "benchmark-latest.json"))
     ap.add_argument("--startup-only", action="store_true", help="only the import and check times")
-    args = ap.parse_args()
-    if args.startup_only:
-        path = Path(args.out)
-        out = json.loads(path.read_text()) if path.exists() else {}
-        out["import"] = startup(args.repeats)
-        out["machine"] = machine()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=2))
-        print(json.dumps(out["import"], indent=2))
-        return 0
+    return ap.parse_args(argv)
 
-    from speculators_compat.testing import tiny
 
-    tiny.cpu_environment()
-    os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", "float32")
-    import speculators_compat
-    import torch
-
-    out: dict = {"machine": machine(), "repeats": args.repeats}
+def startup_only(args: argparse.Namespace) -> int:
+    """``--startup-only``: the import and check times, into the results file as it is."""
+    path = Path(args.out)
+    out = json.loads(path.read_text()) if path.exists() else {}
     out["import"] = startup(args.repeats)
+    out["machine"] = machine()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(json.dumps(out["import"], indent=2))
+    return 0
 
-    tmp = tempfile.mkdtemp(prefix="speculators-compat-bench-")
-    path = str(tiny.build_llama(tmp, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
-                                intermediate_size=1536, vocab_size=2048))
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 2000) for _ in range(rng.randint(200, 500))] for _ in range(args.sequences)]
-    n_tokens = sum(map(len, prompts))
-    layers = [2, 4, 5, 7]
 
+def engines(path: str, layers: list[int], prompts: list[list[int]]):
+    """The stock generator through the shim, vLLM's own prefill and HF transformers on the model at
+    ``path``, the first two warmed up: ``(gen, llm, sampling_params, llm_prompts, hf)``."""
+    import torch
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-    from speculators_compat.patches.guards import guard_input, guard_output
 
     gen = VllmHiddenStatesGenerator(path, layer_ids=layers, max_model_len=1024)
     gen.generate(prompts[:2])  # warm-up
@@ -122,9 +111,18 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    return gen, llm, sp, llm_prompts, hf
+
+
+def alternate(gen, llm, sp, llm_prompts, hf, prompts: list[list[int]], repeats: int) -> dict:
+    """``repeats`` rounds of: the shim, vLLM's prefill, HF, then the shim's own checks (input
+    validation and the output guard on the round's results); seconds of each, per round."""
+    import torch
+
+    from speculators_compat.patches.guards import guard_input, guard_output
 
     shim_s, vllm_s, hf_s, guard_s = [], [], [], []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         t = time.perf_counter()
         results = gen.generate(prompts)
         shim_s.append(time.perf_counter() - t)
@@ -141,11 +139,16 @@ def main() -> int:
         ids = guard_input.normalize(prompts, config.get_vocab_size(), config.max_model_len - 1)
         guard_output.check(gen, ids, results)
         guard_s.append(time.perf_counter() - t)
+    return {"shim": shim_s, "vllm_prefill": vllm_s, "hf": hf_s, "guard": guard_s}
 
+
+def figures(times: dict, n_tokens: int, sequences: int) -> tuple[dict, dict]:
+    """Throughput and the shim's own work, from :func:`alternate`'s seconds (medians)."""
     med = statistics.median
-    out["throughput"] = {
+    shim_s, vllm_s, hf_s, guard_s = times["shim"], times["vllm_prefill"], times["hf"], times["guard"]
+    throughput = {
         "tokens_per_call": n_tokens,
-        "sequences": len(prompts),
+        "sequences": sequences,
         "shim_tokens_per_s": round(n_tokens / med(shim_s), 1),
         "vllm_prefill_tokens_per_s": round(n_tokens / med(vllm_s), 1),
         "hf_tokens_per_s": round(n_tokens / med(hf_s), 1),
@@ -153,20 +156,49 @@ def main() -> int:
         "shim_over_hf": round(med(hf_s) / med(shim_s), 3),
         "raw_seconds": {"shim": shim_s, "vllm_prefill": vllm_s, "hf": hf_s},
     }
-    out["shim_own_work"] = {
+    own = {
         "guard_and_validation_ms": round(1000 * med(guard_s), 2),
         "share_of_generate": round(med(guard_s) / med(shim_s), 4),
     }
-    del llm, hf
+    return throughput, own
 
+
+def memory_growth(gen, small: list[list[int]]) -> dict:
+    """The driver's and the worker's resident memory after 1 and after 100 calls on ``small``."""
     worker_pid = gen.executor.collective_rpc(lambda self: os.getpid())[0]
-    small = prompts[:4]
     gen.generate(small)
     mem = {"after_1": {"driver_mb": rss_mb(os.getpid()), "worker_mb": rss_mb(worker_pid)}}
     for _ in range(99):
         gen.generate(small)
     mem["after_100"] = {"driver_mb": rss_mb(os.getpid()), "worker_mb": rss_mb(worker_pid)}
-    out["memory"] = mem
+    return mem
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.startup_only:
+        return startup_only(args)
+
+    from speculators_compat.testing import tiny
+
+    tiny.cpu_environment()
+    os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", "float32")
+    import speculators_compat
+
+    out: dict = {"machine": machine(), "repeats": args.repeats}
+    out["import"] = startup(args.repeats)
+
+    tmp = tempfile.mkdtemp(prefix="speculators-compat-bench-")
+    path = str(tiny.build_llama(tmp, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
+                                intermediate_size=1536, vocab_size=2048))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 2000) for _ in range(rng.randint(200, 500))] for _ in range(args.sequences)]
+    gen, llm, sp, llm_prompts, hf = engines(path, [2, 4, 5, 7], prompts)
+    times = alternate(gen, llm, sp, llm_prompts, hf, prompts, args.repeats)
+    out["throughput"], out["shim_own_work"] = figures(times, sum(map(len, prompts)), len(prompts))
+    del llm, hf
+
+    out["memory"] = memory_growth(gen, prompts[:4])
     out["patches_applied"] = speculators_compat.applied_ids()
     del gen
 

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from datagen_input import read_samples
 import fake_pt as torch  # torch.save(obj, path), torch's archive format
 
 MAX_IO_WORKERS = 4
@@ -128,11 +129,7 @@ def generate_and_save_hidden_states(args, dataset):
 
 def main():
     args = parse_args()
-    lines = Path(args.train_data_path).read_text().splitlines()
-    dataset = [json.loads(line) for line in lines if line]
-    if args.max_samples is not None:
-        dataset = dataset[: args.max_samples]
-    saved = generate_and_save_hidden_states(args, dataset)
+    saved = generate_and_save_hidden_states(args, read_samples(args.train_data_path, args.max_samples))
     print(f"saved {saved} files to {args.output_dir}", flush=True)
 
 

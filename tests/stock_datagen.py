@@ -31,6 +31,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -46,6 +47,10 @@ except ImportError:  # only the config's cache_dir needs it (e.g. on the GPU mac
 
 from speculators.data_generation.config_generator import DataGenerationConfig
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+# the stand-ins' sample reader sits beside this script (not on sys.path when it is run through runpy)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from datagen_input import read_samples  # noqa: E402
 
 IO_THREADS = 4
 
@@ -157,11 +162,7 @@ def generate_and_save_hidden_states(args, dataset):
 
 def main():
     args = parse_args()
-    lines = Path(args.train_data_path).read_text().splitlines()
-    dataset = [json.loads(line) for line in lines if line]
-    if args.max_samples is not None:
-        dataset = dataset[: args.max_samples]
-    saved = generate_and_save_hidden_states(args, dataset)
+    saved = generate_and_save_hidden_states(args, read_samples(args.train_data_path, args.max_samples))
     print(f"saved {saved} files to {args.output_dir}")
 
 

@@ -217,8 +217,7 @@ def build_kimi(path: Path) -> dict:
 
 
 def build_perf(path: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     if _small():
         dims = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
@@ -228,17 +227,9 @@ def build_perf(path: Path) -> None:
                     num_key_value_heads=8, vocab_size=32000)
     config = LlamaConfig(max_position_embeddings=32768, bos_token_id=1, eos_token_id=2,
                          tie_word_embeddings=False, **dims)
-    torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(str(path), safe_serialization=True)
     from speculators_compat.testing import tiny
 
-    tiny.build_tokenizer(path, vocab_size=384)
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    tiny.save_random_llama(path, config, final_norm=False)
 
 
 BUILDERS = {"llama": build_llama, "qwen3": build_qwen3, "dsv3": build_dsv3, "kimi": build_kimi, "perf": build_perf}

@@ -375,7 +375,7 @@ def test_offload_memory_and_throughput(prepared):
     out = common.ROOT / "work" / "perf.json"
     out.unlink(missing_ok=True)
     args = ["--out", str(out)]
-    if os.environ.get("G016_COMPILED") != "1":  # compiled ~= eager for this model (tests/gpu/device/README.md); saves ~1 min
+    if os.environ.get("G016_COMPILED") != "1":  # compiled ~= eager for this model (docs/gpu.md); saves ~1 min
         args.append("--no-compiled")
     if CPU:
         args += ["--rounds", "2", "--prompts", "8", "--len", "256", "--long-prompts", "4", "--long-len", "500",

@@ -3,7 +3,7 @@
 #   bash tests/gpu/device/pack.sh path/to/vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl [OUTDIR, default .gpu]
 #   bash tests/gpu/device/pack.sh path/to/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl .gpu26
 # The wheel lists depend on the release (read from the wheel's name): 0.20.x and 0.26.x are known;
-# see tests/gpu/device/README.md "vLLM 0.26.0 (runner-v1 on CUDA)" for what differs in 0.26.
+# the comments below say what differs from one release to the next.
 # OUTDIR (must be git-ignored: echo /.gpu/ >> .git/info/exclude) then holds
 #   whl/   20 small wheels vLLM imports that the GPU image lacks            (~9.5 MiB)
 #   w2/    what the project's runs add: speculators 0.3.0, loguru, compressed-tensors
@@ -67,7 +67,7 @@ CT=0.15.0.1; [ "$REL" != 0.20 ] && CT=0.17.0
 "${PIP[@]}" -d "$OUT"/tf4 transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2
 
 # 2. structured-output backends, imported by vllm.entrypoints.llm through class-body
-#    annotations (LazyLoader: the static scan does not see them; tests/gpu/device/README.md pitfall 3).
+#    annotations (LazyLoader: the static scan does not see them; tests/gpu/device/README.md, find_deps.py).
 if [ "$REL" = 0.20 ]; then
 #    xgrammar 0.1.33 (0.2.x needs apache-tvm-ffi>=0.1.11, vLLM pins 0.1.9) is a
 #    42 MB wheel: drop its static library and strip the extension (43 MB -> 1.5 MB).

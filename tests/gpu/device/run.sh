@@ -1,6 +1,6 @@
 #!/bin/bash
 # The project's steps ON the GPU machine, from the checkout root:  bash tests/gpu/device/run.sh STEP...
-# (tests/gpu/device/device.sh is the measured recipe it extends; tests/gpu/device/README.md "Project runs" gives the call plan.)
+# (tests/gpu/device/device.sh is the measured recipe it extends; tests/gpu/device/README.md gives the call plans.)
 #
 #   (PAY=.gpu26 takes the payload from .gpu26/ instead of .gpu/: vLLM 0.26.0, see tests/gpu/device/README.md)
 #   stash     copy the carried vLLM part(s) .gpu/cN/* to /tmp/parts (a carried path is gone at the next call)
