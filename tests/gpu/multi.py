@@ -644,7 +644,8 @@ def problems(report: dict) -> list[str]:
             k, r, cmp = kr["killed"], kr["resumed"], kr["vs_one_process"]
             if k["rc"] != 128 + signal.SIGKILL or not k["failed_line"] or "shard 1/2" not in k["failed_line"]:
                 out.append(f"kill_resume: the launcher did not name shard 1's SIGKILL: rc {k['rc']}, {k['failed_line']}")
-            leftover("kill_resume (killed run)", k["leftovers"])
+            # a SIGKILLed shard cannot remove its segments: the resumed run must (killed_run_shm_left)
+            leftover("kill_resume (killed run)", dict(k["leftovers"], shm=[]))
             gpu_freed("kill_resume (killed run)", k["gpu"])
             if r["killed_run_shm_left"]:
                 out.append(f"kill_resume: the killed shard's segments outlived the resume: {r['killed_run_shm_left']}")
