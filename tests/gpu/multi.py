@@ -541,7 +541,7 @@ def scenario_kill(args) -> Scenario:
 
     def start():
         run = holder["run"] = sc.start("kill", sc.command(sc.work / "out", batch=16),
-                                       SPECULATORS_DATAGEN_REPEAT="50")
+                                       SPECULATORS_DATAGEN_REPEAT=str(args.repeat))
         if not run.wait_for(r"generate\(\): 16 sequences", args.timeout):
             raise RuntimeError(f"no call within {args.timeout} s: {run.text()[-3000:]}")
         time.sleep(0.3)  # the next call has started: the saves are asynchronous
@@ -661,6 +661,9 @@ def problems(report: dict) -> list[str]:
                 out.append(f"kill_resume: verify {kr['verify']}")
         elif "data_parallel" in steps and "kill_resume" not in steps:
             out.append("kill_resume: not run")
+        gpu_freed("dp (at the end)", report.get("gpu_after"))
+        if report.get("shm_ours_left"):
+            out.append(f"dp: {SHM_PREFIX}* left in /dev/shm: {report['shm_ours_left']}")
     elif report.get("scenario") == "kill":
         k = value("kill")
         if "start" in steps and not k:
@@ -695,6 +698,8 @@ def main() -> int:
     ap.add_argument("--samples", type=int, help="dp: dataset size (default 96 on CUDA, 48 on the CPU)")
     ap.add_argument("--batch", type=int, help="dp: the script's --batch-size (default 8 on CUDA, 4 on the CPU)")
     ap.add_argument("--delay", type=float, default=None, help="dp: seconds after each batch in the killed run")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="kill: calls per batch, back to back (default 500 on CUDA, 50 on the CPU): one is running at the kill")
     ap.add_argument("--util", type=float, default=None, help="gpu_memory_utilization (default 0.5 on CUDA)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds for one run (default 240 CUDA, 900 CPU)")
     args = ap.parse_args()
@@ -703,6 +708,7 @@ def main() -> int:
     args.samples = args.samples or (96 if cuda else 48)
     args.batch = args.batch or (8 if cuda else 4)
     args.delay = args.delay if args.delay is not None else (1.0 if cuda else 0.4)
+    args.repeat = args.repeat or (500 if cuda else 50)
     args.util = args.util if args.util is not None else (0.5 if cuda else 0.8)
     args.timeout = args.timeout or (240 if cuda else 900)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -78,6 +78,8 @@ def test_each_dp_check_can_fail():
     }
     for path, value in cases.items():
         assert multi.problems(changed(dp_report(), path, value)), path
+    assert multi.problems(dict(dp_report(), shm_ours_left=["speculators_compat-states-9"]))
+    assert multi.problems(dict(dp_report(), gpu_after={"over_baseline_mib": {"0": 5000}, "compute_apps": []}))
     # without nvidia-smi's process list: the GPUs whose memory rose must be the plan's
     no_apps = changed(dp_report(), "data_parallel.value.shard_gpus", {})
     assert multi.problems(no_apps) == []
