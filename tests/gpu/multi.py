@@ -27,8 +27,12 @@ the checks are the same, tensors compared within 1e-4 where the CPU threads may 
 On CUDA the model is ``$G016_ROOT/models/llama`` (``tests/gpu/device/run.sh prepare``).
 
 Run from outside the checkout root (the installed speculators_compat is the one tested); the
-children run in ``--work`` (default ``$G016_ROOT/multi``). :func:`problems` is what the tests
-(``tests/gpu/test_multi.py``) assert. No torch or vLLM import here but inside the functions.
+children run in ``--work`` (default ``$G016_ROOT/multi/dp`` or ``/kill``). :func:`problems` is what the tests
+(``tests/gpu/test_multi.py``) assert. No torch or vLLM import here but inside the functions;
+the runs are watched by ``tests/gpu/watch.py``. SIGTERM / SIGINT SIGKILL every run's sessions.
+
+Not here: the TP=2 extraction against HF fp32 (``run.sh tests-tp2``), the self-check at TP=2
+(``run.sh selfcheck-tp2``, i.e. ``benchmarks/gpu_extract.py selfcheck --tp 2``) and the benchmark.
 """
 
 from __future__ import annotations
