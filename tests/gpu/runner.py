@@ -1,6 +1,6 @@
 """Run the GPU tests on the device machine and write ONE results JSON.
 
-    python3 tests/gpu/runner.py --out DIR [--budget 540] [--phase all|tp1|tp2|perf|prepare]
+    python3 tests/gpu/runner.py --out DIR [--budget 540] [--phase all|tp1|tp2|perf|prepare|multi]
                                 [--parallel] [--cpu] [-k EXPR]
 
 DIR gets ``results.json`` (versions, GPU, the prepare step, every test's outcome and its
@@ -10,7 +10,8 @@ too), so the installed speculators_compat is the one imported.
 
 Phases: ``prepare`` (models + HF references, no vLLM), ``tp1`` (check, the CUDA offload
 unit test, extraction of llama/dsv3/kimi at TP=1), ``perf`` (throughput/offload/memory),
-``tp2`` (extraction at TP=2, needs 2 GPUs). ``all`` = prepare, tp1 + perf, tp2. With
+``tp2`` (extraction at TP=2, needs 2 GPUs), ``multi`` (tests/gpu/test_multi.py: data-parallel
+shards and a worker killed at TP=2, needs 2 GPUs; not in ``all``). ``all`` = prepare, tp1 + perf, tp2. With
 ``--parallel`` (2 GPUs), tp1 runs on GPU 0 while perf runs on GPU 1, then tp2 on both.
 ``--budget`` seconds bound the whole run: each test's subprocess timeout is cut to what
 is left (G016_DEADLINE), later tests are skipped rather than overrun the device call.
@@ -39,7 +40,10 @@ PHASES = {
     "tp1": "check_reports or offload_pinned or runner_v1 or tp1",
     "perf": "offload_memory_and_throughput",
     "tp2": "tp2",
+    "multi": "multi or data_parallel or worker_killed",
 }
+#: the test file of a phase (default test_gpu.py)
+FILES = {"multi": "test_multi.py"}
 
 
 def versions() -> dict:
@@ -93,7 +97,7 @@ def parse_junit(path: Path) -> list[dict]:
 
 def pytest_run(expr: str, tag: str, env: dict, junit_dir: Path) -> subprocess.Popen:
     junit = junit_dir / f"{tag}.xml"
-    cmd = [sys.executable, "-m", "pytest", str(HERE / "test_gpu.py"), "-m", "gpu", "-k", expr, "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", str(HERE / FILES.get(tag, "test_gpu.py")), "-m", "gpu", "-k", expr, "-p", "no:cacheprovider",
            "-rA", "-q", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     log = open(common.ROOT / "logs" / f"pytest_{tag}.log", "w")
     return subprocess.Popen(cmd, cwd=str(common.ROOT / "work"), env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -103,7 +107,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=540)
-    ap.add_argument("--phase", default="all", choices=["all", "prepare", "tp1", "tp2", "perf", "tp1+perf"])
+    ap.add_argument("--phase", default="all", choices=["all", "prepare", "tp1", "tp2", "perf", "tp1+perf", "multi"])
     ap.add_argument("--parallel", action="store_true", help="tp1 on GPU 0 while perf runs on GPU 1")
     ap.add_argument("--cpu", action="store_true", help="dry run against a CPU build of vLLM")
     ap.add_argument("-k", default="", help="extra pytest -k expression ANDed with each phase's")
@@ -276,6 +280,12 @@ def summarize(results: dict) -> dict:
         out["runner_v1_refusal"] = fig["runner_v1_refusal"]
     if "offload_unit_cuda" in fig:
         out["offload_unit_cuda"] = fig["offload_unit_cuda"]
+    for name in ("multi_dp", "multi_kill"):  # tests/gpu/test_multi.py
+        rep = fig.get(name)
+        if isinstance(rep, dict):
+            out[name] = {"problems": rep.get("problems"), "wall_s": rep.get("wall_s"),
+                         "steps": {k: v.get("value") if v.get("ok") else {"error": v.get("error", "")[:300]}
+                                   for k, v in rep.get("steps", {}).items() if k != "setup"}}
     return out
 
 

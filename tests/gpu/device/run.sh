@@ -36,6 +36,16 @@
 #   stub34    vLLM 0.33/0.34: the MiniMax-M3 warm-up module (imports the CuTe DSL, not carried) made a
 #             no-op (it returns at once for other models and on SM90); stated in the records
 #   (SC_MODELS: the models of `selfcheck`, default the 8B bench model, dsv3 and kimi)
+#   multi-dp   tests/gpu/multi.py dp (2+ GPUs): the stock script through `speculators-compat run
+#             --data-parallel 2` (one GPU per shard; MULTI_TP=2 on 4 GPUs: TP=2 shards) against one
+#             process, byte-equal; shard 1 SIGKILLed and resumed; `verify --full` -> $OUT/multi-dp.json
+#             + multi-dp.log (the runs' logs: $G016_ROOT/multi/dp/*.log); needs `prepare` (the llama)
+#   multi-kill tests/gpu/multi.py kill: a vLLM worker SIGKILLed mid-call at TP=$MULTI_KILL_TP (2) under
+#             NCCL: seconds to WorkerDiedError, orphans, /dev/shm, GPU memory -> $OUT/multi-kill.json
+#   tests-multi  the same two through pytest (tests/gpu/test_multi.py, runner --phase multi):
+#             results.json's summary.multi_dp / multi_kill
+#   selfcheck-tp2  `selfcheck` at --tp ${SC_TP:-2} on $SC_MODELS (default dsv3 and kimi):
+#             $OUT/selfcheck-tp2-*.json (the self-check's separation and its seconds at TP>1)
 set -o pipefail
 SITE=${SITE:-/tmp/site}; PARTS=${PARTS:-/tmp/parts}   # overridable for a dry run elsewhere
 PAY=${PAY:-.gpu}   # the payload folder (tests/gpu/device/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
@@ -127,6 +137,22 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
   tests-tp1)  runner --phase tp1 ;;
   tests-tp2)  runner --phase tp2 ;;
   tests-perf) runner --phase perf ;;
+  tests-multi) runner --phase multi ;;
+  multi-dp|multi-kill)
+    n=${s#multi-}; tp=${MULTI_TP:-1}; [ "$n" = kill ] && tp=${MULTI_KILL_TP:-2}
+    ( cd "$G016_ROOT" && timeout ${TMO_MULTI:-560} python3 "$OLDPWD/tests/gpu/multi.py" $n --tp $tp \
+        --out "$OUT/multi-$n.json" ${MULTI_ARGS-} ) > "$OUT/multi-$n.log" 2>&1; echo "multi-$n rc=$?"
+    tail -c 1500 "$OUT/multi-$n.log"
+    ( cd "$G016_ROOT/multi/$n" 2>/dev/null && tar -czf "$OUT/multi-$n-logs.tar.gz" *.log ) ;;
+  selfcheck-tp2)
+    for m in ${SC_MODELS:-$G016_ROOT/models/dsv3 $G016_ROOT/models/kimi}; do
+      n=$(basename "$m")
+      timeout ${TMO_SC:-200} python3 benchmarks/gpu_extract.py selfcheck "$m" --tp ${SC_TP:-2} \
+        --out "$OUT/selfcheck-tp${SC_TP:-2}-$n.json" --prompts ${SC_PROMPTS:-16} --len ${SC_LEN:-1024} \
+        > "$OUT/selfcheck-tp${SC_TP:-2}-$n.log" 2>&1
+      echo "selfcheck-tp${SC_TP:-2} $n rc=$? (t=$(( $(date +%s) - T_START ))s)"
+      grep -F "{" "$OUT/selfcheck-tp${SC_TP:-2}-$n.log" | cut -c1-300 | tail -8
+    done ;;
   bench-models)
     ( cd /tmp && PYTHONPATH=$SITE_TF4:$SITE python3 "$OLDPWD/benchmarks/gpu_extract.py" build "$BM" $BENCH_MODELS ) 2>&1 | tail -3
     ls "$BM" ;;
