@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     import torch
 
-    from speculators_compat import transport
+    from speculators_compat.patches.features.datapath import segments as transport
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=512)
