@@ -119,9 +119,21 @@ def _on_last_layer(wrapped, instance, args, kwargs):
 
 
 def _wrap_store(module) -> None:
+    """The library applies the worker's patches at its entry point (``_setup_hidden_states_capture``):
+    the store is wrapped after the first setup, outside every patch."""
     import wrapt
 
-    wrapt.wrap_function_wrapper(module.HiddenStatesWorkerExtension, "_store_captured_states", _store)
+    def setup(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        if not _stored:
+            _stored.append(True)
+            wrapt.wrap_function_wrapper(module.HiddenStatesWorkerExtension, "_store_captured_states", _store)
+        return result
+
+    wrapt.wrap_function_wrapper(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", setup)
+
+
+_stored: list = []
 
 
 def _store(wrapped, instance, args, kwargs):
