@@ -302,7 +302,7 @@ def test_the_next_calls_segment_is_made_ahead_of_need_and_taken(shm, monkeypatch
     gc.collect()
     third, _, _ = run_call(pool, [8, 8], steps=[16], limit=limit)  # reuses the freed segment
     assert made == [False, True] and len(pool._segments) == 2
-    assert pools.Pool()._spares is False  # on the CPU: no segments ahead of need
+    assert pools.Pool()._spares is None  # on the CPU: no segments ahead of need
     del second, third
 
 

@@ -44,14 +44,12 @@ def install() -> None:
     import wrapt
 
     from speculators_compat.patches.features.datapath import checking, compare
-    from speculators_compat.targets import WORKER
-
     wrapt.wrap_function_wrapper(checking.Plan, "__init__", _plan_init)
     wrapt.wrap_function_wrapper(checking, "rows_for_workers", _rows_for_workers)
     wrapt.wrap_function_wrapper(compare.WorkerCheck, "on_last_layer", _on_last_layer)
-    # after the library's own hook on the worker module: the store is wrapped outermost (outside
-    # mrv2-rows' reordering too: a fault is made in the forward's layout, as a broken capture would)
-    wrapt.register_post_import_hook(_wrap_store, WORKER)
+    # the store is wrapped outermost once the worker's patches applied (outside mrv2-rows'
+    # reordering too: a fault is made in the forward's layout, as a broken capture would)
+    wrapt.wrap_function_wrapper(compare, "install_worker", _install_worker)
 
 
 def current(call: int) -> str:
@@ -118,19 +116,20 @@ def _on_last_layer(wrapped, instance, args, kwargs):
     return wrapped(module, inputs, output)
 
 
-def _wrap_store(module) -> None:
-    """The library applies the worker's patches at its entry point (``_setup_hidden_states_capture``):
-    the store is wrapped after the first setup, outside every patch."""
-    import wrapt
+def _install_worker(wrapped, instance, args, kwargs):
+    """The self-check's hooks are installed once every patch of the worker applied: the store is
+    wrapped then (once), outside every patch."""
+    result = wrapped(*args, **kwargs)
+    if not _stored:
+        import sys
 
-    def setup(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        if not _stored:
-            _stored.append(True)
-            wrapt.wrap_function_wrapper(module.HiddenStatesWorkerExtension, "_store_captured_states", _store)
-        return result
+        import wrapt
 
-    wrapt.wrap_function_wrapper(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", setup)
+        from speculators_compat.targets import WORKER
+
+        _stored.append(True)
+        wrapt.wrap_function_wrapper(sys.modules[WORKER].HiddenStatesWorkerExtension, "_store_captured_states", _store)
+    return result
 
 
 _stored: list = []

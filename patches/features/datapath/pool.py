@@ -230,9 +230,10 @@ class Pool:
             blocks.append(layer)
         with self._cond:
             seg.live += len(arrays)
-        for arr in arrays:
+        for k, arr in enumerate(arrays):
             ref = weakref.ref(arr, self._freed)  # the segment is held until the array is freed
-            self._tensors[id(ref)] = (ref, seg.id)
+            # a layer (the stock code's, dropped when the call returns) is not a result the caller freed
+            self._tensors[id(ref)] = (ref, seg.id, k % (len(plan.lengths) + 1) != 0)
         return layers, blocks
 
     def _freed(self, ref) -> None:
@@ -243,7 +244,8 @@ class Pool:
             seg = self._segments.get(entry[1])
             if seg is not None:
                 seg.live -= 1
-            self._last_free = time.monotonic()
+            if entry[2]:
+                self._last_free = time.monotonic()
             self._cond.notify_all()
 
     def close(self) -> None:
