@@ -107,3 +107,35 @@ def async_steps_off() -> bool:
 def dtype() -> str | None:
     """``SPECULATORS_COMPAT_DTYPE``: the default model dtype (``None``: unset)."""
     return os.environ.get(DTYPE, "").strip() or None
+
+
+def self_check() -> int | None:
+    """``SPECULATORS_COMPAT_SELF_CHECK``: sequences per call (``-1``: ``all``; ``None``: unset).
+    Raises ``ValueError`` naming the variable for a bad value."""
+    raw = os.environ.get(SELF_CHECK, "").strip().lower()
+    if not raw:
+        return None
+    if raw == "all":
+        return -1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -2
+    if value < 0:
+        raise ValueError(f"{SELF_CHECK}={raw!r}: expected a number of sequences per call (0 = off) or 'all'")
+    return value
+
+
+def self_check_tolerance() -> float | None:
+    """``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (``None``: unset). Raises ``ValueError`` naming
+    the variable for a value that is not a positive number."""
+    raw = os.environ.get(SELF_CHECK_TOLERANCE, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{SELF_CHECK_TOLERANCE}={raw!r}: expected a positive number")
+    return value

@@ -14,6 +14,7 @@ import os
 import random
 
 from speculators_compat import _env
+from speculators_compat.errors import InvalidInputError
 
 from . import reply, segments
 
@@ -41,38 +42,21 @@ ALL = -1
 
 
 def sequences_per_call() -> int:
-    """``SPECULATORS_COMPAT_SELF_CHECK``: sequences checked per call (0: off; ``all``: every one)."""
-    raw = os.environ.get(SELF_CHECK_ENV, "").strip().lower()
-    if not raw:
-        return DEFAULT_SEQUENCES
-    if raw == "all":
-        return ALL
+    """``SPECULATORS_COMPAT_SELF_CHECK``: sequences checked per call (0: off; :data:`ALL`: every one)."""
     try:
-        value = int(raw)
-    except ValueError:
-        value = -2
-    if value < 0:
-        from speculators_compat.errors import InvalidInputError
-
-        raise InvalidInputError(f"{SELF_CHECK_ENV}={raw!r}: expected a number of sequences per call "
-                                "(0 = off) or 'all'")
-    return value
+        value = _env.self_check()
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+    return DEFAULT_SEQUENCES if value is None else value
 
 
 def tolerance() -> float:
     """``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE``: the largest relative difference a position may have."""
-    raw = os.environ.get(TOLERANCE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TOLERANCE
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        from speculators_compat.errors import InvalidInputError
-
-        raise InvalidInputError(f"{TOLERANCE_ENV}={raw!r}: expected a positive number")
-    return value
+        value = _env.self_check_tolerance()
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+    return DEFAULT_TOLERANCE if value is None else value
 
 
 def full_calls() -> int:
