@@ -10,9 +10,12 @@ How: ``VllmHiddenStatesGenerator.generate`` is wrapped. Before the stock code ru
 results are laid out in a shared-memory segment of the driver (one block per sequence and
 layer) and the layout is sent to the capturing worker, whose ``shm-transport`` copies each
 step's rows straight into their blocks (on CUDA: asynchronous copies into the segment,
-registered with ``cudaHostRegister`` once). The worker's reply names the call; the stock
+registered with ``cudaHostRegister`` once). For the call the stock code sees the generator's
+executor through a view (:class:`.reply.CallExecutor`) that turns the worker's reply (the rows
+it copied) into the stock list of layers, each a tensor over its rows in the segment; the stock
 ``h[offset : offset + seq_len].clone().cpu()`` then receives each block as a tensor of its own
-(its storage is exactly its bytes, so ``torch.save`` writes only that sample), with no copy.
+(its storage is exactly its bytes, so ``torch.save`` writes only that sample), with no copy. The
+call's :class:`.reply.Transfer` stays on the generator until the next call starts.
 The worker sums each step's rows on the device; the output guard scans on the host only a
 layer whose sums are not finite. Segments are reused once the caller has freed every tensor of
 a call, and the segment files are unlinked as soon as the worker has mapped them. On an
