@@ -152,7 +152,7 @@ def w_stats(worker):
     """The capturing worker's peak device memory (then reset) and its copy waits."""
     import torch
 
-    from speculators_compat import transport
+    from speculators_compat.patches.features.datapath import worker as transport
 
     ext = getattr(worker, "worker", None) or worker
     out = {}
@@ -205,21 +205,21 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 class Marks:
     """When the first step of a call was scheduled (the generator's ``scheduler.schedule``
-    returned), when the worker's reply arrived in the driver (``transport.claim``), and how long
+    returned), when the worker's reply arrived in the driver (``reply.Transfer.take``), and how long
     the output guard took, per extraction call."""
 
     def __init__(self):
-        from speculators_compat import transport
+        from speculators_compat.patches.features.datapath import reply
         from speculators_compat.patches.guards import guard_output
 
         self.reply = None
         self.first_step = None
         self.guard_s = 0.0
-        claim, check = transport.claim, guard_output.check
+        take, check = reply.Transfer.take, guard_output.check
 
-        def timed_claim(*a, **k):
+        def timed_take(*a, **k):
             self.reply = time.perf_counter()
-            return claim(*a, **k)
+            return take(*a, **k)
 
         def timed_check(*a, **k):
             t = time.perf_counter()
@@ -228,7 +228,7 @@ class Marks:
             finally:
                 self.guard_s += time.perf_counter() - t
 
-        transport.claim, guard_output.check = timed_claim, timed_check
+        reply.Transfer.take, guard_output.check = timed_take, timed_check
 
     def watch(self, gen) -> None:
         """Mark the first ``schedule()`` of each call of ``gen`` (an instance attribute)."""
@@ -530,7 +530,7 @@ class _Bench:
 
         import speculators_compat
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-        from speculators_compat import selfcheck
+        from speculators_compat.patches.features.datapath import checking as selfcheck
         from speculators_compat.patches.features import pipelined_steps
 
         self._compat, self._selfcheck, self._pipelined = speculators_compat, selfcheck, pipelined_steps
@@ -1135,10 +1135,16 @@ def separation(model: str, out: Path, tp: int, n: int, length: int, util: float,
     """The self-check's differences on correct rows and with each test-only fault (see the docstring)."""
     import random
 
-    from speculators_compat import selfcheck
+    from speculators_compat.patches.features.datapath import checking as selfcheck
 
-    os.environ.update({selfcheck.TEST_FAULT_ENV: "none", selfcheck.SELF_CHECK_ENV: "all",
+    faults_site = str(Path(__file__).resolve().parents[1] / "tests" / "faults_site")
+    sys.path.insert(0, faults_site)
+    import selfcheck_faults  # the tests' fault tooling: here, and in spawned workers via PYTHONPATH
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (faults_site, os.environ.get("PYTHONPATH")) if p)
+    os.environ.update({selfcheck_faults.ENV: "none", selfcheck.SELF_CHECK_ENV: "all",
                        selfcheck.TOLERANCE_ENV: "inf"})
+    selfcheck_faults.install()
     if dtype != "auto":
         os.environ["SPECULATORS_COMPAT_DTYPE"] = dtype
     import speculators_compat
@@ -1164,7 +1170,7 @@ def separation(model: str, out: Path, tp: int, n: int, length: int, util: float,
     faulted = {"swap": long[:2], "shift": long[:1], "drop": [0]}
 
     def case(key, fault):
-        os.environ[selfcheck.TEST_FAULT_ENV] = fault
+        os.environ[selfcheck_faults.ENV] = fault
         t = time.perf_counter()
         gen.generate(batch)
         dt = time.perf_counter() - t
@@ -1186,12 +1192,12 @@ def separation(model: str, out: Path, tp: int, n: int, length: int, util: float,
         print(key, json.dumps(row), flush=True)
 
     case("warm-up", "none")
-    for fault in ("none", *selfcheck.DRIVER_FAULTS, *selfcheck.WORKER_FAULTS):
+    for fault in ("none", *selfcheck_faults.DRIVER_FAULTS, *selfcheck_faults.WORKER_FAULTS):
         case(fault, fault)
     layers = list(gen.layer_ids)
     gen.layer_ids = [i for i in layers if i != layers_n - 1]
     gen._setup_capture()
-    for fault in ("none", *selfcheck.WORKER_FAULTS):
+    for fault in ("none", *selfcheck_faults.WORKER_FAULTS):
         case(f"own:{fault}", fault)
     report["self_check_s"] = round(selfcheck.totals_of(gen).seconds, 2)
     out.write_text(json.dumps(report, indent=1))

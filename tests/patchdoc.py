@@ -31,7 +31,13 @@ def _first_paragraph(patch) -> str:
 
 
 def _group(patch) -> str:
+    """The group of the patch set a patch's module lies in (a package of a group counts as its group)."""
+    import sys
+
     parts = _module(patch).__name__.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if hasattr(sys.modules.get(".".join(parts[:i])), "GROUPS"):
+            return parts[i]
     return parts[-2]
 
 

@@ -185,12 +185,11 @@ def main() -> int:
         import glob
 
         from speculators_compat.core import hooks
-
-        from speculators_compat import transport
+        from speculators_compat.patches.features.datapath import pool as pools, segments
 
         if "results-in-place" not in hooks.applied_ids():
             return "not applied"
-        pool = transport.pool_of(gen)
+        pool = pools.pool_of(gen)
         if pool is None:
             raise AssertionError("results-in-place applied, but the generator has no pool")
         for i, r in enumerate(results):
@@ -198,7 +197,7 @@ def main() -> int:
                 if t.untyped_storage().nbytes() != t.numel() * t.element_size():
                     raise AssertionError(f"sequence {i}: a {t.untyped_storage().nbytes()}-byte storage for "
                                          f"{t.numel() * t.element_size()} bytes of states")
-        files = glob.glob(f"{transport.folder()}/{transport.PREFIX}-{os.getpid()}-*")
+        files = glob.glob(f"{segments.folder()}/{segments.PREFIX}-{os.getpid()}-*")
         if files:
             raise AssertionError(f"segment files left: {files}")
         if not 1 <= len(pool._segments) <= 4:
@@ -350,8 +349,9 @@ def main() -> int:
 
     def step_selfcheck():
         from speculators_compat.core import hooks
-        from speculators_compat import selfcheck
         from speculators_compat.errors import SelfCheckError
+        from speculators_compat.patches.features.datapath import checking as selfcheck
+        import selfcheck_faults as faults  # tests/faults_site, on PYTHONPATH with the faults armed
 
         if "self-check" not in hooks.applied_ids():
             return "not applied"
@@ -359,12 +359,12 @@ def main() -> int:
         batch = mixed[:12]
         long = [i for i, ids in enumerate(batch) if len(ids) >= 2]
         hit = {"swap": long[:2], "shift": long[:1], "drop": [0]}
-        saved = {k: os.environ.get(k) for k in (selfcheck.SELF_CHECK_ENV, selfcheck.TEST_FAULT_ENV)}
+        saved = {k: os.environ.get(k) for k in (selfcheck.SELF_CHECK_ENV, faults.ENV)}
         os.environ[selfcheck.SELF_CHECK_ENV] = "all"
         out: dict = {}
 
         def run(key, fault, faulted):
-            os.environ[selfcheck.TEST_FAULT_ENV] = fault
+            os.environ[faults.ENV] = fault
             try:
                 gen.generate(batch)
             except SelfCheckError as exc:
@@ -384,9 +384,9 @@ def main() -> int:
         try:
             everyone = list(range(len(batch)))
             run("none", "none", [])
-            for fault in selfcheck.DRIVER_FAULTS:
+            for fault in faults.DRIVER_FAULTS:
                 run(fault, fault, hit[fault])
-            for fault in selfcheck.WORKER_FAULTS:
+            for fault in faults.WORKER_FAULTS:
                 run(fault, fault, everyone)
             # the last layer not captured: the workers capture it for the checked sequences only
             layers = list(gen.layer_ids)
@@ -394,9 +394,9 @@ def main() -> int:
             gen._setup_capture()
             try:
                 run("own:none", "none", [])
-                for fault in selfcheck.WORKER_FAULTS:
+                for fault in faults.WORKER_FAULTS:
                     run(f"own:{fault}", fault, everyone)
-                os.environ[selfcheck.TEST_FAULT_ENV] = "none"
+                os.environ[faults.ENV] = "none"
                 if len(gen.generate(batch)[0]["hidden_states"]) != len(gen.layer_ids):
                     raise AssertionError("the results hold the layer captured for the check")
             finally:

@@ -43,8 +43,11 @@ SHAPE_STEPS = ["start", "mixed", "repeat", "chunked", "leak", "prefix"]
 #: a validation run of the comparison steps only (``tests/matrix.py rerecord``): the Llama, too, runs
 #: the shape steps (no bad input, over-long input, layer ids or soak, which the full suites run)
 QUICK = matrix.QUICK_VAR in os.environ
-# the self-check's test-only fault switch, armed in the workers (each call picks its fault)
-SELF_CHECK_FAULTS = {"SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT": "none"}
+# the self-check's test faults (tests/faults_site/selfcheck_faults.py), installed in the driver and the
+# workers by tests/faults_site/sitecustomize.py (each call picks its fault)
+FAULT_ENV = "SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT"
+SELF_CHECK_FAULTS = {FAULT_ENV: "none", "PYTHONPATH": os.pathsep.join(
+    p for p in (str(Path(__file__).resolve().parent / "faults_site"), os.environ.get("PYTHONPATH")) if p)}
 
 def _probed_new() -> set[str]:
     """The patches (and engine checks) whose probe finds their delta on this install (from the
@@ -205,7 +208,7 @@ def self_check_expected() -> bool:
 def assert_self_check(report, tolerance=None):
     """The scenario's selfcheck step: correct rows pass, every injected fault is caught (the step
     itself raises otherwise), and the separation holds with the default threshold's margin."""
-    from speculators_compat import selfcheck
+    from speculators_compat.patches.features.datapath import checking as selfcheck
 
     value = report["selfcheck"]["value"]
     if not self_check_expected():
@@ -795,7 +798,7 @@ def test_runner_stops_at_a_self_check_mismatch_and_resumes_there(model, tmp_path
     cmd = [sys.executable, "-m", "speculators_compat.run", str(HERE / "stock_datagen.py"), "--target-model-path", model,
            "--train-data-path", str(data), "--output-dir", str(out), "--batch-size", "4"]
     # batches of 4: calls 0 and 1 are saved, call 2's rows are shifted by one
-    failed = subprocess.run(cmd, env={**env, **{k: "shift@2" for k in SELF_CHECK_FAULTS}}, capture_output=True,
+    failed = subprocess.run(cmd, env={**env, **SELF_CHECK_FAULTS, FAULT_ENV: "shift@2"}, capture_output=True,
                             text=True, timeout=900, cwd=tmp_path)
     assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-5000:]
     assert "SelfCheckError: self-check: sequence 0, position " in failed.stderr

@@ -66,9 +66,9 @@ def _graph() -> dict[str, set[str]]:
 def test_the_walk_sees_the_library():
     graph = _graph()
     assert {"speculators_compat.core.hooks", "speculators_compat.core.registry", f"{PATCHES}.vllm_api.v5",
-            f"{PATCHES}.features.shm_transport"} <= set(graph)
+            f"{PATCHES}.features.datapath.shm_transport", f"{PATCHES}.features.datapath.pool"} <= set(graph)
     assert "speculators_compat.run.lifecycle" in graph[f"{PATCHES}.guards.worker_death"]
-    assert f"{PATCHES}.features.offload_captured" in graph[f"{PATCHES}.features.shm_transport"]
+    assert f"{PATCHES}.features.datapath.offload_captured" in graph[f"{PATCHES}.features.datapath.shm_transport"]
 
 
 def test_no_engine_module_imports_the_patch_set():

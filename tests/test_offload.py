@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-from speculators_compat.patches.features import offload_captured
+from speculators_compat.patches.features.datapath import offload_captured
 from speculators_compat.core.registry import Patcher, Shape
 
 

@@ -11,8 +11,8 @@ import types
 import pytest
 
 from speculators_compat.core import _env
-
-from speculators_compat import selfcheck
+from speculators_compat.patches.features.datapath import checking as selfcheck
+from speculators_compat.patches.features.datapath import compare
 from speculators_compat.errors import InvalidInputError, SelfCheckError
 
 
@@ -144,7 +144,7 @@ class Stand:
 def test_worker_compares_the_callers_rows_with_vllms_own_and_catches_faults():
     torch = pytest.importorskip("torch")
     m = Stand(torch)
-    state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=False)
+    state = compare.WorkerCheck(m.runner, m.model, m.base, last=2, internal=False)
     g = torch.Generator().manual_seed(1)
     tokens = {"req_0_0": list(range(5)), "req_0_1": list(range(7)), "req_0_2": list(range(3))}
     plan = selfcheck.Plan({r: (i, len(t), 0) for i, (r, t) in enumerate(tokens.items()) if i != 2})
@@ -188,7 +188,7 @@ def test_the_measure_is_the_definition_in_fp32_chunk_by_chunk(dtype):
     ref = torch.randn(23, 16, generator=g).to(dt)
     cand = ref + 0.01 * torch.randn(23, 16, generator=g).to(dt)
     cand[17] = ref[3]  # one row of another position: the worst
-    got = selfcheck._differences(model, lambda x: x, cand, ref, chunk=5)
+    got = compare._differences(model, lambda x: x, cand, ref, chunk=5)
     zc, zr = (cand @ head.T).float(), (ref @ head.T).float()
     d = zc - zr
     rel = (d - d.mean(-1, keepdim=True)).norm(dim=-1) / (zr - zr.mean(-1, keepdim=True)).norm(dim=-1)
@@ -196,14 +196,14 @@ def test_the_measure_is_the_definition_in_fp32_chunk_by_chunk(dtype):
     assert got["worst"] == pytest.approx(float(rel.max()), rel=1e-2 if dtype == "bfloat16" else 1e-5)
     nats = (torch.log_softmax(zc[17], -1) - torch.log_softmax(zr[17], -1)).abs().max()
     assert got["nats"] == pytest.approx(float(nats), rel=1e-5)
-    assert selfcheck._differences(model, lambda x: x, ref, ref, chunk=5)["worst"] < 1e-5
-    assert selfcheck._differences(model, lambda x: x, ref[:0], ref[:0], chunk=5)["position"] is None
+    assert compare._differences(model, lambda x: x, ref, ref, chunk=5)["worst"] < 1e-5
+    assert compare._differences(model, lambda x: x, ref[:0], ref[:0], chunk=5)["position"] is None
 
 
 def test_worker_capture_of_the_last_layer_follows_the_stock_layout():
     torch = pytest.importorskip("torch")
     m = Stand(torch)
-    state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
+    state = compare.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
     tokens = [list(range(4)), list(range(6)), list(range(2))]
     starts = [0, 4, 10]
     plan = selfcheck.Plan({f"req_0_{i}": (i, len(t), starts[i]) for i, t in enumerate(tokens) if i in (1, 2)})
@@ -227,7 +227,7 @@ def test_worker_capture_of_the_last_layer_follows_the_stock_layout():
 def test_worker_reference_of_a_request_split_over_steps_and_missing_positions():
     torch = pytest.importorskip("torch")
     m = Stand(torch)
-    state = selfcheck.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
+    state = compare.WorkerCheck(m.runner, m.model, m.base, last=2, internal=True)
     t = list(range(9))
     state.arm(selfcheck.Plan({"req_1_0": (0, 9, 0)}))
     g = torch.Generator().manual_seed(5)
@@ -250,7 +250,7 @@ def test_shared_rows_reach_the_workers_bit_for_bit(tmp_path, monkeypatch):
     assert isinstance(handle, selfcheck.SharedRows) and len(list(tmp_path.iterdir())) == 1
     import pickle
 
-    back = selfcheck._open_rows(pickle.loads(pickle.dumps(handle)))
+    back = compare._open_rows(pickle.loads(pickle.dumps(handle)))
     assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(rows, back))
     selfcheck.unshare(handle)
     assert list(tmp_path.iterdir()) == []
@@ -263,41 +263,44 @@ def test_rows_in_results_blocks_reach_a_single_worker_by_reference(tmp_path, mon
     torch = pytest.importorskip("torch")
     import pickle
 
-    from speculators_compat import transport
+    from speculators_compat.patches.features.datapath import pool as pools
+    from speculators_compat.patches.features.datapath import reply, segments, worker
 
     monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
-    monkeypatch.setattr(transport, "MARGIN", 0)
-    pool = transport.Pool()
+    monkeypatch.setattr(segments, "MARGIN", 0)
+    pool = pools.Pool()
     lengths, hidden = [3, 6], 8
-    _, nbytes = transport.layout(lengths, 2, hidden, 2)
+    _, nbytes = pools.layout(lengths, 2, hidden, 2)
     seg = pool.acquire(nbytes, None)
     plan = pool.plan(seg, lengths, 2, hidden, "bfloat16", 2)
     ext = types.SimpleNamespace()
-    state = ext.__dict__[transport.WORKER_STATE] = transport.WorkerState()
+    state = ext.__dict__[worker.WORKER_STATE] = worker.WorkerState()
     state.accept(plan)
     pool.mapped(seg)
-    blocks = pool.blocks(seg, plan)
+    transfer = reply.Transfer(plan, *pool.tensors(seg, plan))
+    layers = transfer.take(reply.Written(plan.id, plan.rows, [True, True]))
+    blocks = [[layer[0:3].clone(), layer[3:9].clone()] for layer in layers]
     for layer in blocks:
         for b in layer:
             b.copy_(torch.randn(b.shape).to(torch.bfloat16))
     parallel = types.SimpleNamespace(world_size=1)
     generator = types.SimpleNamespace(vllm_config=types.SimpleNamespace(parallel_config=parallel))
-    generator.__dict__[transport.POOL_ATTR] = pool
+    generator.__dict__[reply.TRANSFER_ATTR] = transfer
     rows = [blocks[1][1], blocks[1][0]]
     handle = selfcheck.rows_for_workers(generator, rows)
     assert isinstance(handle, selfcheck.SegmentRows) and list(tmp_path.iterdir()) == []
-    got = selfcheck._open_rows(pickle.loads(pickle.dumps(handle)), ext)
+    got = compare._open_rows(pickle.loads(pickle.dumps(handle)), ext)
     assert all(torch.equal(a, b) for a, b in zip(rows, got))
     rows[0][2, 5] = 3.0
     assert got[0][2, 5].item() == 3.0  # the same memory
     with pytest.raises(SelfCheckError, match="not mapped"):
-        selfcheck._open_rows(handle, types.SimpleNamespace())
+        compare._open_rows(handle, types.SimpleNamespace())
     copied = selfcheck.rows_for_workers(generator, [rows[0].clone()])
     assert isinstance(copied, selfcheck.SharedRows)
     selfcheck.unshare(copied)
     parallel.world_size = 2  # other ranks have no mapping: a file for all
     shared = selfcheck.rows_for_workers(generator, rows)
     assert isinstance(shared, selfcheck.SharedRows)
-    assert all(torch.equal(a, b) for a, b in zip(rows, selfcheck._open_rows(shared)))
+    assert all(torch.equal(a, b) for a, b in zip(rows, compare._open_rows(shared)))
     selfcheck.unshare(shared)
     assert list(tmp_path.iterdir()) == []

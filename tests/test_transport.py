@@ -11,14 +11,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from speculators_compat import transport  # noqa: E402
-from speculators_compat.patches.features import driver_threads, shm_transport  # noqa: E402
+from speculators_compat.patches.features import driver_threads  # noqa: E402
+from speculators_compat.patches.features.datapath import pool as pools  # noqa: E402
+from speculators_compat.patches.features.datapath import reply, segments, shm_transport, worker  # noqa: E402
 
 
 @pytest.fixture
 def shm(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
-    monkeypatch.setattr(transport, "MARGIN", 0)
+    monkeypatch.setattr(segments, "MARGIN", 0)
     return tmp_path
 
 
@@ -47,7 +48,7 @@ def test_the_driver_unpickles_exactly_the_stock_reply_and_the_file_is_gone(shm, 
     want = stock_get(Ext([list(p) for p in parts]))
     ext = Ext(parts)
     handle = shm_transport._get(lambda: pytest.fail("the stock method ran"), ext, (), {})
-    assert isinstance(handle, transport.SharedStates) and ext._captured_states is None
+    assert isinstance(handle, segments.SharedStates) and ext._captured_states is None
     assert os.listdir(shm) == [os.path.basename(handle.path)]
     payload = pickle.dumps(handle)
     assert len(payload) < 1000  # a path and a layout, not the states
@@ -63,7 +64,7 @@ def test_no_room_in_the_folder_replies_as_stock(shm, monkeypatch):
     class Full:
         f_bavail, f_frsize = 1, 4096
 
-    monkeypatch.setattr(transport.os, "statvfs", lambda path: Full)
+    monkeypatch.setattr(segments.os, "statvfs", lambda path: Full)
     parts = layers(torch.float32)
     want = stock_get(Ext([list(p) for p in parts]))
     got = shm_transport._get(lambda: stock_get(ext), ext := Ext(parts), (), {})
@@ -75,7 +76,7 @@ def test_a_failed_reservation_leaves_no_file_and_replies_as_stock(shm, monkeypat
     def refuse(fd, offset, length):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(transport.os, "posix_fallocate", refuse)
+    monkeypatch.setattr(segments.os, "posix_fallocate", refuse)
     ext = Ext(layers(torch.float32))
     assert isinstance(shm_transport._get(lambda: stock_get(ext), ext, (), {}), list)
     assert os.listdir(shm) == []
@@ -88,12 +89,12 @@ def test_nothing_captured_is_the_stock_reply(shm):
 def test_files_of_a_dead_driver_are_removed_and_a_live_ones_kept(shm):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    stale = shm / f"{transport.PREFIX}-{dead}-1-0"
-    live = shm / f"{transport.PREFIX}-{os.getpid()}-1-0"
+    stale = shm / f"{segments.PREFIX}-{dead}-1-0"
+    live = shm / f"{segments.PREFIX}-{os.getpid()}-1-0"
     other = shm / "vllm-queue"
     for f in (stale, live, other):
         f.write_bytes(b"x")
-    assert transport.remove_stale() == [str(stale)]
+    assert segments.remove_stale() == [str(stale)]
     assert sorted(os.listdir(shm)) == sorted([live.name, other.name])
 
 
@@ -128,7 +129,7 @@ def stock_results(aux_hidden_states, lengths):
 
 
 def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, seed=0, corrupt=None, use=None,
-             worker=None, limit=None):
+             state=None, limit=None):
     """One call through the mechanism: plan, the worker's copies of ``steps`` (rows per step,
     cutting sequences anywhere), the pickled reply, the stock slicing (or ``use(reply, lengths)``).
     Returns (results, want, call)."""
@@ -137,29 +138,40 @@ def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, 
     full = [torch.randn(total, hidden, generator=g).to(dtype) for _ in range(n_layers)]
     if corrupt is not None:
         full[corrupt][total // 2, 1] = float("nan")
-    _, nbytes = transport.layout(lengths, n_layers, hidden, full[0].element_size())
+    _, nbytes = pools.layout(lengths, n_layers, hidden, full[0].element_size())
     seg = pool.acquire(nbytes, limit)
     plan = pool.plan(seg, lengths, n_layers, hidden, str(dtype).replace("torch.", ""), full[0].element_size())
-    worker = worker or transport.WorkerState()
-    worker.accept(plan)
+    state = state or worker.WorkerState()
+    state.accept(plan)
     pool.mapped(seg)
-    call = transport.Call(plan, pool.blocks(seg, plan))
-    transport.register_call(call)
+    call = reply.Transfer(plan, *pool.tensors(seg, plan))
     at = 0
     for rows in steps:
-        worker.store([f[at:at + rows] for f in full])
+        state.store([f[at:at + rows] for f in full])
         at += rows
-    reply = pickle.loads(pickle.dumps(worker.finish()))
+    written = pickle.loads(pickle.dumps(state.finish()))
+    assert isinstance(written, reply.Written)
     try:
-        results = (use or stock_results)(reply, lengths)
+        layers = reply.CallExecutor(Executor(written), call).collective_rpc(reply.METHOD)
+        results = (use or stock_results)(layers, lengths)
     finally:
-        transport.forget_call(plan.id)
+        call.close()
         pool.release(seg)
     return results, stock_results(full, lengths), call
 
 
+class Executor:
+    """The worker's reply to ``_get_captured_states``, as collective_rpc returns it."""
+
+    def __init__(self, written):
+        self.written = written
+
+    def collective_rpc(self, method, *args, **kwargs):
+        return self.written
+
+
 def test_the_stock_slicing_gets_blocks_that_own_exactly_their_bytes(shm, tmp_path):
-    pool = transport.Pool()
+    pool = pools.Pool()
     lengths = [5, 1, 17, 3, 40]
     results, want, call = run_call(pool, lengths, steps=[7, 20, 39])  # steps cut sequences 0, 2 and 4
     assert os.listdir(shm) == []  # the segment file is unlinked once the worker mapped it
@@ -169,67 +181,93 @@ def test_the_stock_slicing_gets_blocks_that_own_exactly_their_bytes(shm, tmp_pat
             assert got.untyped_storage().nbytes() == n * 24 * 2  # not the segment's
     torch.save(results[4][0], tmp_path / "one.pt")
     assert (tmp_path / "one.pt").stat().st_size < 40 * 24 * 2 + 2048
-    assert call.finite == [True, True, True] and len(call.finite_blocks()) == 15
+    assert call.finite == [True, True, True]
+    assert all(call.certified(t) for seq in results for t in seq)
+    assert not call.certified(results[0][0][:2])  # not a whole block
+    assert not call.certified(want[0][0])  # not a block of the call
 
 
 def test_a_block_is_located_where_the_worker_reads_the_very_bytes_the_caller_holds(shm):
     """The self-check hands the capturing worker the caller's rows by reference: the driver names a
     block's segment and offset, and the worker's view there is the same memory."""
-    pool = transport.Pool()
+    pool = pools.Pool()
     ext = Ext(None)
-    worker = ext.__dict__[transport.WORKER_STATE] = transport.WorkerState()
+    state = ext.__dict__[worker.WORKER_STATE] = worker.WorkerState()
     lengths = [5, 17, 3]
-    results, want, call = run_call(pool, lengths, steps=[25], worker=worker)
+    results, want, call = run_call(pool, lengths, steps=[25], state=state)
     block = results[1][2]  # sequence 1, last layer
-    seg_id, offset = pool.locate(block)
-    view = transport.worker_rows(ext, seg_id, offset, "bfloat16", [17, 24])
+    seg_id, offset = call.locate(block)
+    view = worker.worker_rows(ext, seg_id, offset, "bfloat16", [17, 24])
     assert torch.equal(view, want[1][2])
     block[3, 4] = 7.0  # the caller's bytes are the worker's
     assert view[3, 4].item() == 7.0
-    assert pool.locate(block[:, :8]) is None  # not contiguous
-    assert pool.locate(block.clone()) is None  # not in a segment
-    assert transport.worker_rows(ext, seg_id + 1, offset, "bfloat16", [17, 24]) is None  # not mapped there
-    assert transport.worker_rows(ext, seg_id, 1 << 40, "bfloat16", [17, 24]) is None  # outside it
+    assert call.locate(block[:, :8]) is None  # not the block
+    assert call.locate(block.clone()) is None  # not in a segment
+    assert worker.worker_rows(ext, seg_id + 1, offset, "bfloat16", [17, 24]) is None  # not mapped there
+    assert worker.worker_rows(ext, seg_id, 1 << 40, "bfloat16", [17, 24]) is None  # outside it
 
 
 def test_a_non_finite_layer_is_not_certified(shm):
-    _, _, call = run_call(transport.Pool(), [4, 9], steps=[13], corrupt=1)
+    results, _, call = run_call(pools.Pool(), [4, 9], steps=[13], corrupt=1)
     assert call.finite == [True, False, True]
-    assert all(call.blocks[1][i].data_ptr() not in call.finite_blocks() for i in range(2))
+    assert [call.certified(t) for t in results[0]] == [True, False, True]
 
 
-def test_a_layer_taken_for_the_list_of_layers_fails_as_a_tensor_does(shm):
-    """The stock generator without v4 indexes the reply with [0] and tests ``not layer``: a tensor
-    of many values raises there, and so must the reply's layer (not a silent row per token)."""
-    def misuse(reply, lengths):
-        layer = reply[0]
+def test_a_layer_is_a_real_tensor_over_the_segment(shm):
+    """The stock generator without v4 indexes the reply with [0] and tests ``not layer``: a layer
+    is a real tensor, so that fails as on a plain reply; any other use is a plain tensor's (rows,
+    sums: views of the segment), and only exactly one sequence's rows give its block."""
+    def misuse(layers, lengths):
+        layer = layers[0]
+        assert isinstance(layer, torch.Tensor) and layer.shape == (13, 24)
         with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
             bool(layer)
-        return [layer[i] for i in range(len(layer))], layer._whole()
+        rows = [layer[i] for i in range(len(layer))]
+        assert type(rows[0]) is torch.Tensor and type(layer + 0) is torch.Tensor
+        part = layer[1:6]  # not one sequence's rows: a plain view, clone() copies
+        assert type(part) is torch.Tensor and part.clone().data_ptr() != part.data_ptr()
+        block = layer[0:4]
+        first, second = block.clone(), block.clone()
+        assert first.data_ptr() == block.data_ptr() and second.data_ptr() != block.data_ptr()
+        assert type(first) is torch.Tensor and torch.equal(first, second)
+        return rows, layer
 
-    (rows, whole), want, _ = run_call(transport.Pool(), [4, 9], steps=[13], use=misuse)
+    (rows, layer), want, _ = run_call(pools.Pool(), [4, 9], steps=[13], use=misuse)
     assert torch.equal(torch.stack(rows), torch.cat([seq[0] for seq in want]))
-    assert all(r.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr() for r in rows)  # one copy
+    assert torch.equal(layer, torch.cat([seq[0] for seq in want]))
+
+
+def test_a_reply_of_another_call_is_refused(shm):
+    from speculators_compat.errors import CaptureContractError
+
+    pool = pools.Pool()
+    _, nbytes = pools.layout([4], 1, 24, 2)
+    seg = pool.acquire(nbytes, None)
+    plan = pool.plan(seg, [4], 1, 24, "bfloat16", 2)
+    call = reply.Transfer(plan, *pool.tensors(seg, plan))
+    with pytest.raises(CaptureContractError, match="a reply for call"):
+        call.take(reply.Written(plan.id + 1, 4, [True]))
+    pool.release(seg)
 
 
 def test_a_worker_that_captured_too_few_rows_fails_the_call_clearly(shm):
     from speculators_compat.errors import CaptureContractError
 
     with pytest.raises(CaptureContractError, match="captured 10 rows per layer for 13 input tokens"):
-        run_call(transport.Pool(), [4, 9], steps=[10])
+        run_call(pools.Pool(), [4, 9], steps=[10])
 
 
 def test_a_segment_is_reused_once_the_caller_freed_its_results(shm):
     import gc
 
-    pool = transport.Pool()
+    pool = pools.Pool()
     results, _, _ = run_call(pool, [8, 8], steps=[16])
     held, _, _ = run_call(pool, [8, 8], steps=[16])  # the first call's results are still held
     both = set(pool._segments)
-    assert len(both) == 2 and pool.held_bytes() == 2 * transport.SEGMENT_QUANTUM
+    assert len(both) == 2 and pool.held_bytes() == 2 * pools.SEGMENT_QUANTUM
     del results
     gc.collect()
-    assert pool.held_bytes() == transport.SEGMENT_QUANTUM
+    assert pool.held_bytes() == pools.SEGMENT_QUANTUM
     again, _, _ = run_call(pool, [8, 8], steps=[16])
     assert set(pool._segments) == both  # the freed segment was reused, none created
     del held, again
@@ -241,17 +279,17 @@ def test_the_next_calls_segment_is_made_ahead_of_need_and_taken(shm, monkeypatch
     import time
 
     made = []
-    new_segment = transport.Pool._new_segment
+    new_segment = pools.new_segment
 
-    def slow(self, size, populate=False):
+    def slow(seg_id, size, files, populate=False):
         if populate:
             time.sleep(0.3)
         made.append(populate)
-        return new_segment(self, size, populate)
+        return new_segment(seg_id, size, files, populate)
 
-    monkeypatch.setattr(transport.Pool, "_new_segment", slow)
-    limit = 2 * transport.SEGMENT_QUANTUM
-    pool = transport.Pool(spares=True)
+    monkeypatch.setattr(pools, "new_segment", slow)
+    limit = 2 * pools.SEGMENT_QUANTUM
+    pool = pools.Pool(spares=True)
     first, _, _ = run_call(pool, [8, 8], steps=[16], limit=limit)  # its acquire starts the spare
     assert pool._making is not None
     second, _, _ = run_call(pool, [8, 8], steps=[16], limit=limit)  # the first's results held: takes the spare
@@ -264,23 +302,23 @@ def test_the_next_calls_segment_is_made_ahead_of_need_and_taken(shm, monkeypatch
     gc.collect()
     third, _, _ = run_call(pool, [8, 8], steps=[16], limit=limit)  # reuses the freed segment
     assert made == [False, True] and len(pool._segments) == 2
-    assert transport.Pool()._spares is False  # on the CPU: no segments ahead of need
+    assert pools.Pool()._spares is None  # on the CPU: no segments ahead of need
     del second, third
 
 
 def test_a_segment_no_worker_mapped_is_removed_at_close_and_at_exit(shm):
-    pool = transport.Pool(spares=True)
-    seg = pool.acquire(transport.SEGMENT_QUANTUM // 2, None)
+    pool = pools.Pool(spares=True)
+    seg = pool.acquire(pools.SEGMENT_QUANTUM // 2, None)
     pool._making.join()
     assert len(os.listdir(shm)) == 2  # the call's (the workers did not map it) and the spare
     pool.release(seg)
     pool.close()
     assert os.listdir(shm) == []
-    code = ("from speculators_compat import transport\n"
+    code = ("from speculators_compat.patches.features.datapath import pool as transport, segments\n"
             "pool = transport.Pool(spares=True)\n"
             "pool.acquire(transport.SEGMENT_QUANTUM // 2, None)\n"
             "pool._making.join()\n"
-            "import os; assert len(os.listdir(transport.folder())) == 2\n")
+            "import os; assert len(os.listdir(segments.folder())) == 2\n")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "SPECULATORS_COMPAT_SHM_DIR": str(shm)})
     assert os.listdir(shm) == []
 
@@ -290,10 +328,10 @@ def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
     import threading
     import time
 
-    pool = transport.Pool()
+    pool = pools.Pool()
     held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
-    nbytes = transport.layout([8], 3, 24, 2)[1]
-    limit = 2 * transport.SEGMENT_QUANTUM
+    nbytes = pools.layout([8], 3, 24, 2)[1]
+    limit = 2 * pools.SEGMENT_QUANTUM
     # nothing was ever freed: a caller that keeps its results is not waited for
     seg = pool.acquire(nbytes, limit)
     assert pool.waited_s < 0.5
@@ -318,22 +356,22 @@ def test_results_of_a_large_call_still_held_do_not_make_smaller_calls_wait(shm):
     one large call's results and goes on with small calls (freed at once) never waits."""
     import gc
 
-    pool = transport.Pool()
+    pool = pools.Pool()
     # a large call: more states than the default limit of 4 small calls' segments
-    big_lengths = [5 * transport.SEGMENT_QUANTUM // (3 * 24 * 2) + 8]
+    big_lengths = [5 * pools.SEGMENT_QUANTUM // (3 * 24 * 2) + 8]
     kept = run_call(pool, big_lengths, steps=big_lengths)[0]
-    small = transport.layout([8], 3, 24, 2)[1]
+    small = pools.layout([8], 3, 24, 2)[1]
     for _ in range(3):
         run_call(pool, [8], steps=[8])
         gc.collect()
-    assert pool.held_bytes() > transport.held_results_limit(small)  # counted in small calls, it would wait
-    assert pool.largest_call > 5 * transport.SEGMENT_QUANTUM
-    seg = pool.acquire(small, transport.held_results_limit(max(small, pool.largest_call)))
+    assert pool.held_bytes() > pools.held_results_limit(small)  # counted in small calls, it would wait
+    assert pool.largest_call > 5 * pools.SEGMENT_QUANTUM
+    seg = pool.acquire(small, pools.held_results_limit(max(small, pool.largest_call)))
     assert pool.waited_s < 0.5 and kept  # no wait, the large results still held
     pool.release(seg)
 
 
 def test_the_stock_generate_still_slices_as_the_patch_expects():
-    from speculators_compat.patches.features import results_in_place
+    from speculators_compat.patches.features.datapath import results_in_place
 
     assert results_in_place.STOCK == STOCK_SLICE

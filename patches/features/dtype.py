@@ -17,8 +17,8 @@ For speculators 0.3.x and 0.4.x. Remove when speculators exposes the dtype (0.4.
 from __future__ import annotations
 
 import contextvars
-import os
 
+from speculators_compat.core import _env
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.check.sources import render
 from speculators_compat.core.targets import GENERATOR
@@ -26,7 +26,7 @@ from speculators_compat.core.targets import GENERATOR
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_ALL
 
-ENV = "SPECULATORS_COMPAT_DTYPE"
+ENV = _env.DTYPE
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
 
 
@@ -45,7 +45,7 @@ def static_probe(view) -> Probe:
 
 
 def _init(wrapped, instance, args, kwargs):
-    dtype = kwargs.pop("dtype", None) or os.environ.get(ENV) or None
+    dtype = kwargs.pop("dtype", None) or _env.dtype()
     token = _requested.set(dtype)
     try:
         return wrapped(*args, **kwargs)

@@ -33,10 +33,10 @@ speculators 0.3.x is no longer supported.
 from __future__ import annotations
 
 import collections
-import os
 
 import wrapt
 
+from speculators_compat.core import _env
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 
 from speculators_compat.core.targets import GENERATOR
@@ -44,7 +44,7 @@ from speculators_compat.core.targets import GENERATOR
 from .._probes import params, static_params, vllm_module
 from .._ranges import SPECULATORS_03
 
-ASYNC_ENV = "SPECULATORS_COMPAT_ASYNC_STEPS"
+ASYNC_ENV = _env.ASYNC_STEPS
 #: replies left outstanding at most (two steps: execute_model + sample_tokens each)
 IN_FLIGHT = 4
 METHODS = ("execute_model", "sample_tokens")
@@ -140,7 +140,7 @@ def _executor(wrapped, instance, args, kwargs):
 
 
 def _async_steps() -> bool:
-    if os.environ.get(ASYNC_ENV, "").strip() == "0":
+    if _env.async_steps_off():
         return False
     from vllm.platforms import current_platform
 

@@ -31,13 +31,13 @@ import logging
 import time
 
 from speculators_compat.run import lifecycle, manifest
-
-from speculators_compat import selfcheck, transport
 from speculators_compat.core.registry import Kind, Patch, Side
 from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL
+from .datapath import checking
+from .datapath.pool import pool_of
 
 log = logging.getLogger("speculators_compat")
 #: attribute of the generator holding its run totals
@@ -47,8 +47,9 @@ TOTALS = "_speculators_compat_totals"
 def _generate(wrapped, instance, args, kwargs):
     # `speculators-compat run` stops its workers on Ctrl-C / SIGTERM; one alive at exit is shut down then
     lifecycle.track(instance, at_exit=shutdown)
-    manifest.note_generator(instance)  # under `speculators-compat run`: the run manifest's facts
-    pool = transport.pool_of(instance)
+    if manifest.armed():  # under `speculators-compat run`: the run manifest's facts
+        manifest.note_generator(instance, self_check=checking.totals_of(instance))
+    pool = pool_of(instance)
     waited = pool.waited_s if pool is not None else 0.0
     start = time.perf_counter()
     results = wrapped(*args, **kwargs)
@@ -56,7 +57,7 @@ def _generate(wrapped, instance, args, kwargs):
     if results:
         states = results[0]["hidden_states"]
         tokens = sum(len(r["input_ids"]) for r in results)
-        pool = transport.pool_of(instance)
+        pool = pool_of(instance)
         waited = (pool.waited_s - waited) if pool is not None else 0.0
         totals = instance.__dict__.setdefault(TOTALS, {"calls": 0, "tokens": 0, "seconds": 0.0, "between": 0.0,
                                                        "end": None})
@@ -84,7 +85,7 @@ def run_summary(generator) -> str | None:
     totals = generator.__dict__.get(TOTALS)
     if not totals:
         return None
-    pool = transport.pool_of(generator)
+    pool = pool_of(generator)
     text = (f"{totals['calls']} generate() calls, {totals['tokens']} tokens, {totals['seconds']:.1f} s "
             f"({totals['tokens'] / max(totals['seconds'], 1e-9):.0f} tokens/s)")
     if totals["calls"] > 1:
@@ -92,7 +93,7 @@ def run_summary(generator) -> str | None:
     if pool is not None:
         text += (f"; {pool.waited_s:.1f} s waiting for held results to be freed (saved), "
                  f"at most {pool.peak_bytes / 2**30:.2f} GiB of results in shared memory")
-    checked = selfcheck.summary_text(generator)
+    checked = checking.summary_text(generator)
     return text + (f"; {checked}" if checked else "")
 
 

@@ -19,13 +19,13 @@ For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
 
 from __future__ import annotations
 
-from speculators_compat import transport
 from speculators_compat.errors import CaptureContractError
 from speculators_compat.core.registry import Kind, Patch, Side
 from speculators_compat.core.targets import GENERATOR
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL
+from ..features.datapath.reply import transfer_of
 
 
 def check(generator, inputs, results) -> None:
@@ -38,7 +38,7 @@ def check(generator, inputs, results) -> None:
     max_len = config.max_model_len - 1
     hidden = config.get_hidden_size()
     layers = sorted(set(generator.layer_ids))
-    certified = transport.take_certified()
+    transfer = transfer_of(generator)  # this call's (None: its rows did not go through the segments)
     for i, (ids, result) in enumerate(zip(inputs, results)):
         n = min(len(ids), max_len)
         got_ids = result["input_ids"]
@@ -54,7 +54,7 @@ def check(generator, inputs, results) -> None:
                 )
             if t.device.type != "cpu":
                 raise CaptureContractError(f"sequence {i}, layer {layer}: tensor on {t.device}, expected cpu")
-            if certified.get(t.data_ptr()) != tuple(t.shape) and not bool(torch.isfinite(t).all()):
+            if not (transfer is not None and transfer.certified(t)) and not bool(torch.isfinite(t).all()):
                 raise CaptureContractError(f"sequence {i}, layer {layer}: non-finite values")
 
 

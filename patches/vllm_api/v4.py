@@ -25,6 +25,7 @@ from __future__ import annotations
 import wrapt
 
 from speculators_compat.errors import CaptureContractError
+from speculators_compat.core.replies import Deferred
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.check.sources import render
 from speculators_compat.core.targets import GENERATOR
@@ -71,9 +72,9 @@ class ReplyListExecutor(wrapt.ObjectProxy):
 def _check_captured(reply) -> None:
     import torch
 
-    from speculators_compat.transport import LayerStates  # written in place by results-in-place
-
-    if not isinstance(reply, list) or not all(isinstance(t, (torch.Tensor, LayerStates)) for t in reply):
+    if isinstance(reply, Deferred):  # converted (and checked) by the patch that asked for it
+        return
+    if not isinstance(reply, list) or not all(isinstance(t, torch.Tensor) for t in reply):
         raise CaptureContractError(
             "collective_rpc('_get_captured_states', unique_reply_rank=0) returned "
             f"{type(reply).__name__}, expected a list of tensors (one per layer)"

@@ -83,12 +83,12 @@ def _config_hash(model_config) -> str | None:
     return hashlib.sha256(hf_config.to_json_string(use_diff=False).encode()).hexdigest()
 
 
-def note_generator(generator) -> None:
-    """Take ``generator``'s facts (once; only while a manifest is armed)."""
+def note_generator(generator, self_check=None) -> None:
+    """Take ``generator``'s facts (once; only while a manifest is armed). ``self_check``: the
+    generator's self-check totals (``calls``, ``off``, ``failed``, ``as_dict()``), read at the end."""
     if not armed() or generator.__dict__.get(NOTED):
         return
     from ..core import hooks
-    from .. import selfcheck
 
     generator.__dict__[NOTED] = True
     config = generator.vllm_config
@@ -111,7 +111,7 @@ def note_generator(generator) -> None:
         "max_model_len": int(config.model_config.max_model_len),
         "driver_patches": hooks.applied_ids(),
         "worker_patches": workers,
-        "_totals": selfcheck.totals_of(generator),
+        "_totals": self_check,
     }
     with _lock:
         _state["generators"].append(facts)
@@ -135,7 +135,7 @@ def entry(status: str) -> dict:
     for facts in noted:
         facts = dict(facts)
         totals = facts.pop("_totals")
-        facts["self_check"] = totals.as_dict() if totals.calls or totals.off or totals.failed else None
+        facts["self_check"] = totals.as_dict() if totals and (totals.calls or totals.off or totals.failed) else None
         driver = facts.pop("driver_patches")
         worker = facts.pop("worker_patches")
         if worker not in workers:

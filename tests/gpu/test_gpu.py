@@ -265,7 +265,7 @@ def test_offload_pinned_async_on_cuda():
     with the async copy and with a blocking ``.to('cpu')``."""
     import torch
 
-    from speculators_compat.patches.features import offload_captured as oc
+    from speculators_compat.patches.features.datapath import offload_captured as oc
 
     torch.manual_seed(0)
     dev = torch.device("cuda")

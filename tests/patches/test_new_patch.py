@@ -130,6 +130,45 @@ def test_discovery_and_the_order_pick_it_up(dummy):
     assert shared == {(f"{TARGET}.Engine", "run")}  # what the order's property tests look at
 
 
+def test_a_feature_package_in_a_group_is_discovered(tmp_path, monkeypatch):
+    """A group may hold a package (a feature's patches beside their runtime, as
+    ``features/datapath``): its patch modules are found, in that group; its runtime modules (no
+    ``PATCH``) are imported and skipped; a patch outside every group is refused."""
+    root = tmp_path / "featureset"
+    feature = root / "extra" / "feature"
+    feature.mkdir(parents=True)
+    (root / "__init__.py").write_text('GROUPS = ("extra",)\n')
+    (root / "extra" / "__init__.py").write_text("")
+    (feature / "__init__.py").write_text("")
+    (feature / "dummy_repair.py").write_text(textwrap.dedent(REPAIR).replace("{target}", TARGET)
+                                             + "\nfrom . import runtime  # noqa: E402\n")
+    (feature / "runtime.py").write_text("IMPORTED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        found = discover("featureset")
+        assert [p.id for p in found] == ["dummy-repair"]
+        assert sys.modules["featureset.extra.feature.runtime"].IMPORTED  # walked, not a patch
+        (root / "loose").mkdir()
+        (root / "loose" / "__init__.py").write_text("")
+        (root / "loose" / "dummy_guard.py").write_text(textwrap.dedent(GUARD).replace("{target}", TARGET))
+        with pytest.raises(ImportError, match="in no group"):
+            discover("featureset")
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "featureset"]:
+            del sys.modules[name]
+
+
+def test_the_data_path_is_one_package_of_the_features_group():
+    import patchdoc
+
+    ids = {"offload-captured", "shm-transport", "results-in-place", "self-check", "self-check-reference"}
+    found = {p.id: p for p in hooks.patches() if p.id in ids}
+    assert set(found) == ids
+    for patch in found.values():
+        assert patchset._module_of(patch).startswith(f"{hooks.PATCH_SET}.features.datapath.")
+        assert patchdoc._group(patch) == "features"
+
+
 def test_check_reports_it(dummy, monkeypatch):
     installed = registry.Context(vllm=versions.Installed("vllm", Version("0.16.0")),
                                  speculators=versions.Installed("speculators", Version("0.3.0")),

@@ -10,9 +10,12 @@ How: ``VllmHiddenStatesGenerator.generate`` is wrapped. Before the stock code ru
 results are laid out in a shared-memory segment of the driver (one block per sequence and
 layer) and the layout is sent to the capturing worker, whose ``shm-transport`` copies each
 step's rows straight into their blocks (on CUDA: asynchronous copies into the segment,
-registered with ``cudaHostRegister`` once). The worker's reply names the call; the stock
+registered with ``cudaHostRegister`` once). For the call the stock code sees the generator's
+executor through a view (:class:`.reply.CallExecutor`) that turns the worker's reply (the rows
+it copied) into the stock list of layers, each a tensor over its rows in the segment; the stock
 ``h[offset : offset + seq_len].clone().cpu()`` then receives each block as a tensor of its own
-(its storage is exactly its bytes, so ``torch.save`` writes only that sample), with no copy.
+(its storage is exactly its bytes, so ``torch.save`` writes only that sample), with no copy. The
+call's :class:`.reply.Transfer` stays on the generator until the next call starts.
 The worker sums each step's rows on the device; the output guard scans on the host only a
 layer whose sums are not finite. Segments are reused once the caller has freed every tensor of
 a call, and the segment files are unlinked as soon as the worker has mapped them. On an
@@ -39,12 +42,14 @@ from __future__ import annotations
 import logging
 
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
-
-from speculators_compat import transport
 from speculators_compat.core.targets import GENERATOR
 
-from .._probes import generate_probes, vllm_module
-from .._ranges import SPECULATORS_03
+from ..._probes import generate_probes, vllm_module
+from ..._ranges import SPECULATORS_03
+from . import pool as pools
+from .reply import TRANSFER_ATTR, CallExecutor, Transfer
+from .segments import itemsize as itemsize_of
+from .worker import accept_plan
 
 log = logging.getLogger("speculators_compat")
 
@@ -103,6 +108,7 @@ def _lengths(generator, token_ids) -> list[int] | None:
 
 
 def _generate(wrapped, instance, args, kwargs):
+    instance.__dict__.pop(TRANSFER_ATTR, None)  # the previous call's: never read for this one
     token_ids = kwargs["token_ids"] if "token_ids" in kwargs else (args[0] if args else None)
     lengths = _lengths(instance, token_ids)
     executor = getattr(instance, "executor", None)
@@ -112,34 +118,39 @@ def _generate(wrapped, instance, args, kwargs):
     layers = len(set(instance.layer_ids))
     hidden = int(config.get_hidden_size())
     dtype = config.dtype
-    itemsize = transport._itemsize(dtype)
-    _, nbytes = transport.layout(lengths, layers, hidden, itemsize)
-    pool = transport.pool_of(instance)
+    itemsize = itemsize_of(dtype)
+    _, nbytes = pools.layout(lengths, layers, hidden, itemsize)
+    pool = pools.pool_of(instance)
     if pool is None:
         # on an accelerator, the next call's segment is made while the device works
         device = getattr(getattr(instance.vllm_config, "device_config", None), "device_type", "cpu")
-        pool = instance.__dict__[transport.POOL_ATTR] = transport.Pool(spares=device != "cpu")
-    seg = pool.acquire(nbytes, transport.held_results_limit(max(nbytes, pool.largest_call)))
+        pool = instance.__dict__[pools.POOL_ATTR] = pools.Pool(spares=device != "cpu")
+    seg = pool.acquire(nbytes, pools.held_results_limit(max(nbytes, pool.largest_call)))
     if seg is None:
-        executor.collective_rpc(transport.accept_plan, args=(None,))
+        executor.collective_rpc(accept_plan, args=(None,))
         return wrapped(*args, **kwargs)
+    transfer = None
     try:
         plan = pool.plan(seg, lengths, layers, hidden, str(dtype).replace("torch.", ""), itemsize)
-        taken = executor.collective_rpc(transport.accept_plan, args=(plan,))
+        taken = executor.collective_rpc(accept_plan, args=(plan,))
         if not (isinstance(taken, list) and taken and taken[0] is True):
             return wrapped(*args, **kwargs)
         pool.mapped(seg)
-        call = transport.Call(plan, pool.blocks(seg, plan))
-        transport.register_call(call)
+        transfer = instance.__dict__[TRANSFER_ATTR] = Transfer(plan, *pool.tensors(seg, plan))
+        instance.executor = CallExecutor(executor, transfer)  # the stock code's executor for this call
         try:
             results = wrapped(*args, **kwargs)
         finally:
-            transport.forget_call(plan.id)
-        if call.rows is None:
+            instance.executor = executor
+        if transfer.rows is None:
             log.debug("results-in-place: the worker's reply did not come through the layout")
-        transport.certify(call.finite_blocks())
         return results
+    except BaseException:
+        instance.__dict__.pop(TRANSFER_ATTR, None)
+        raise
     finally:
+        if transfer is not None:
+            transfer.close()
         pool.release(seg)
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.core.targets import WORKER
 
-from .._ranges import SPECULATORS_ALL
+from ..._ranges import SPECULATORS_ALL
 
 METHOD = "_store_captured_states"
 GET = "_get_captured_states"

@@ -17,8 +17,8 @@ runs that step's forward) and to sum each layer's rows on the device; the reply 
 Without a layout: ``HiddenStatesWorkerExtension._get_captured_states`` is wrapped. Where the
 stock method would concatenate each layer's parts and return the list, the wrapper (after
 waiting for offload-captured's copies, if any) concatenates them straight into one new file
-under ``/dev/shm`` and returns a :class:`.transport.SharedStates` handle.
-The handle pickles as a call of ``speculators_compat.transport.open_states``: the driver's
+under ``/dev/shm`` and returns a :class:`.segments.SharedStates` handle.
+The handle pickles as a call of ``speculators_compat.patches.features.datapath.segments.open_states``: the driver's
 unpickler maps the file (private mapping, no copy), unlinks it, and hands the stock code the
 same list of ``[tokens, hidden]`` tensors, bit for bit. The file's space is reserved first
 (``posix_fallocate``): if ``/dev/shm`` lacks room (a small container default), the wrapper
@@ -40,10 +40,9 @@ import os
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.core.targets import WORKER
 
-from speculators_compat import transport
-
-from .._probes import source_of
-from .._ranges import SPECULATORS_03
+from ..._probes import source_of
+from ..._ranges import SPECULATORS_03
+from . import segments, worker
 from .offload_captured import wait_copies
 
 METHOD = "_get_captured_states"
@@ -62,8 +61,8 @@ def _judge(source: str | None, has_store: bool = True) -> Probe:
     missing = [s for s in STOCK if s not in source]
     if missing:
         return Probe.unknown(f"HiddenStatesWorkerExtension.{METHOD} does not do {missing[0]!r}")
-    if not os.path.isdir(transport.folder()):
-        return Probe.old(f"no shared-memory folder {transport.folder()}: the states are pickled as stock")
+    if not os.path.isdir(segments.folder()):
+        return Probe.old(f"no shared-memory folder {segments.folder()}: the states are pickled as stock")
     return Probe.new(f"{METHOD} returns the concatenated states through collective_rpc (pickled)")
 
 
@@ -79,7 +78,7 @@ def static_probe(view) -> Probe:
 
 
 def _store(wrapped, instance, args, kwargs):
-    state = instance.__dict__.get(transport.WORKER_STATE)
+    state = instance.__dict__.get(worker.WORKER_STATE)
     if state is None or state.plan is None:
         return wrapped(*args, **kwargs)
     state.store(args[0] if args else kwargs["aux_hidden_states"])
@@ -87,18 +86,18 @@ def _store(wrapped, instance, args, kwargs):
 
 
 def _get(wrapped, instance, args, kwargs):
-    state = instance.__dict__.get(transport.WORKER_STATE)
+    state = instance.__dict__.get(worker.WORKER_STATE)
     if state is not None and state.plan is not None and not (args or kwargs):
         instance._captured_states = None
         return state.finish()
     if not _SWEPT:
         _SWEPT.append(True)
-        transport.remove_stale()
+        segments.remove_stale()
     layers = getattr(instance, "_captured_states", None)
     if args or kwargs or not layers or not all(isinstance(parts, list) and parts for parts in layers):
         return wrapped(*args, **kwargs)
     wait_copies(instance.__dict__)
-    handle = transport.write_states(layers, owner_pid=os.getppid())
+    handle = segments.write_states(layers, owner_pid=os.getppid())
     if handle is None:
         return wrapped(*args, **kwargs)
     instance._captured_states = None
@@ -108,7 +107,7 @@ def _get(wrapped, instance, args, kwargs):
 def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, STORE, _store)
     patcher.wrap(module.HiddenStatesWorkerExtension, METHOD, _get)
-    patcher.set_item(vars(transport), "ACCEPTING", True)  # the workers take the driver's plans
+    patcher.set_item(vars(worker), "ACCEPTING", True)  # the workers take the driver's plans
 
 
 PATCH = Patch(

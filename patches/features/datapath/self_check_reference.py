@@ -15,7 +15,7 @@ where the caller did not ask for the last layer, cut as the stock code cuts the 
 driver's ``collective_rpc`` then hands every rank the caller's rows; each puts them through the
 final norm, then them and vLLM's own (normed) rows through the model's ``compute_logits`` (the
 same on every rank: the logits are gathered over vLLM's TP group) and the gathering rank replies with a
-few numbers per sequence (:mod:`speculators_compat.selfcheck`). Nothing is recorded, and every
+few numbers per sequence (:mod:`.compare`). Nothing is recorded, and every
 hook returns at once, while no call is armed.
 
 Under Model Runner V2 (vLLM 0.34: the only runner) the rows are found as MRv2's prompt
@@ -36,17 +36,16 @@ A feature: left off where no validation run recorded it. Remove with ``self-chec
 from __future__ import annotations
 
 import logging
-import os
 
 from speculators_compat.core import hooks
-
-from speculators_compat import selfcheck
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.core.targets import WORKER
 
-from .._ranges import SPECULATORS_03
-from ..vllm_api import mrv2_rows
-from ..vllm_api.v3 import find_base_model
+from ..._ranges import SPECULATORS_03
+from ...vllm_api.mrv2_rows import MRV2, step_rows
+from ...vllm_api.mrv2_rows import PATCH as MRV2_ROWS
+from ...vllm_api.v3 import find_base_model
+from . import compare
 
 log = logging.getLogger("speculators_compat")
 
@@ -86,7 +85,7 @@ def probe(module) -> Probe:
 
     if importlib.util.find_spec(RUNNER) is None:  # Model Runner V2 only
         prompt = importlib.import_module(MRV2_PROMPT).PromptLogprobsWorker.compute_prompt_logprobs
-        runner = importlib.import_module(mrv2_rows.MRV2).GPUModelRunner
+        runner = importlib.import_module(MRV2).GPUModelRunner
         return _judge_mrv2(inspect.getsource(prompt), inspect.getsource(runner))
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -97,7 +96,7 @@ def probe(module) -> Probe:
 def static_probe(view) -> Probe:
     if view.vllm.module_file(RUNNER) is None:
         return _judge_mrv2(view.vllm.source(MRV2_PROMPT, "PromptLogprobsWorker", "compute_prompt_logprobs"),
-                           view.vllm.text(mrv2_rows.MRV2))
+                           view.vllm.text(MRV2))
     return _judge(view.vllm.source(RUNNER, "GPUModelRunner", "_get_prompt_logprobs_dict"))
 
 
@@ -105,29 +104,18 @@ def _setup(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     runner = instance.model_runner
     base, _ = find_base_model(runner.model)
-    if not hasattr(runner, "input_batch") and mrv2_rows.PATCH.id not in hooks.applied_ids():
+    if not hasattr(runner, "input_batch") and MRV2_ROWS.id not in hooks.applied_ids():
         # Model Runner V2 keeps no persistent batch: its rows are found through mrv2-rows' layout
         why = f"{type(runner).__module__}.{type(runner).__name__} has no input_batch and mrv2-rows is off"
     else:
-        why = selfcheck.install_worker(instance, base, step_rows=mrv2_rows.step_rows)
+        why = compare.install_worker(instance, base, step_rows=step_rows)
     if why:
         log.warning("self-check: off in this worker: %s", why)
     return result
 
 
-def _store(wrapped, instance, args, kwargs):
-    """Test-only (``SPECULATORS_COMPAT_TESTING_SELF_CHECK_FAULT`` set when the worker started): the
-    capture's last layer as a broken capture point gives it."""
-    state = instance.__dict__.get(selfcheck.WORKER_STATE)
-    if state is not None and args:
-        args = (state.fault_states(args[0]),) + tuple(args[1:])
-    return wrapped(*args, **kwargs)
-
-
 def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
-    if os.environ.get(selfcheck.TEST_FAULT_ENV):
-        patcher.wrap(module.HiddenStatesWorkerExtension, "_store_captured_states", _store)
 
 
 PATCH = Patch(
@@ -140,9 +128,7 @@ PATCH = Patch(
     side=Side.WORKER,
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
-    # hooks after v3's capture hooks; its test faults wrap the store outermost (outside mrv2-rows'
-    # reordering too: a fault is made in the forward's layout, as a broken capture point would)
-    after=("v3", "shm-transport", "mrv2-rows"),
+    after=("v3", "mrv2-rows"),  # hooks after v3's capture hooks; uses mrv2-rows' step layout
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,

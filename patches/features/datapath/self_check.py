@@ -14,11 +14,11 @@ they lie in ``results-in-place`` blocks, by reference (the worker reads the very
 holds); else through one shared-memory file. Each worker puts them through the model's own final
 norm and ``compute_logits`` (vocabulary-parallel, gathered over vLLM's TP group) and compares the
 next-token log-probs with those of vLLM's own states, position by position
-(:mod:`speculators_compat.selfcheck`: the measure, and what comes back -- a few numbers per
+(:mod:`.compare`: the measure, and what comes back -- a few numbers per
 sequence). Where the caller's layers lack the last one, the workers capture it for the checked
 sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
 position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
-:data:`~speculators_compat.selfcheck.DEFAULT_TOLERANCE`) raises
+:data:`~speculators_compat.checking.DEFAULT_TOLERANCE`) raises
 :class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
 difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
 and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
@@ -35,18 +35,16 @@ longer supported.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from speculators_compat.run import lifecycle
-
-from speculators_compat import selfcheck
 from speculators_compat.errors import SelfCheckError
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.core.targets import GENERATOR
 
-from .._probes import generate_probes, vllm_module
-from .._ranges import SPECULATORS_03
+from ..._probes import generate_probes, vllm_module
+from ..._ranges import SPECULATORS_03
+from . import checking, compare
 from .results_in_place import CALLABLE, _rpc_source
 
 log = logging.getLogger("speculators_compat")
@@ -95,37 +93,34 @@ def _inputs(generator, token_ids) -> list[list[int]] | None:
 
 def _generate(wrapped, instance, args, kwargs):
     token_ids = kwargs["token_ids"] if "token_ids" in kwargs else (args[0] if args else None)
-    totals = selfcheck.totals_of(instance)
+    totals = checking.totals_of(instance)
     executor = getattr(instance, "executor", None)
     seqs = _inputs(instance, token_ids)
-    per_call = selfcheck.sequences_per_call()
-    full = selfcheck.full_calls()
+    per_call = checking.sequences_per_call()
+    full = checking.full_calls()
     if full and per_call == 0:
         from speculators_compat.errors import InvalidInputError
 
         raise InvalidInputError(f"SPECULATORS_COMPAT_UNVALIDATED=self-check needs the self-check, which "
-                                f"{selfcheck.SELF_CHECK_ENV}=0 turns off")
+                                f"{checking.SELF_CHECK_ENV}=0 turns off")
     if not seqs or executor is None or totals.off:
         return wrapped(*args, **kwargs)
     call = totals.seen
     totals.seen += 1
-    checked = selfcheck.sample(len(seqs), call, per_call, full)
+    checked = checking.sample(len(seqs), call, per_call, full)
     if not checked:
         return wrapped(*args, **kwargs)
-    fault, _, since = os.environ.get(selfcheck.TEST_FAULT_ENV, "").partition("@")  # test-only: "fault@call"
-    if since and call < int(since):
-        fault = ""
     starts, at = [], 0
     for ids in seqs:
         starts.append(at)
         at += len(ids)
     counter = instance._request_counter
-    plan = selfcheck.Plan({f"req_{counter}_{i}": (i, len(seqs[i]), starts[i]) for i in checked}, fault)
+    plan = checking.Plan({f"req_{counter}_{i}": (i, len(seqs[i]), starts[i]) for i in checked})
     t0 = time.perf_counter()
-    replies = executor.collective_rpc(selfcheck.arm, args=(plan,))
+    replies = executor.collective_rpc(compare.arm, args=(plan,))
     totals.seconds += time.perf_counter() - t0
     if not replies or any(r is None for r in replies):
-        executor.collective_rpc(selfcheck.arm, args=(None,))
+        executor.collective_rpc(compare.arm, args=(None,))
         if full:
             from speculators_compat.errors import IncompatibleVllmError
 
@@ -140,21 +135,17 @@ def _generate(wrapped, instance, args, kwargs):
     try:
         results = wrapped(*args, **kwargs)
         t0 = time.perf_counter()
-        faulted = (selfcheck.inject_driver_fault(fault, results, checked)
-                   if fault in selfcheck.DRIVER_FAULTS and not internal else [])
-        if faulted:
-            log.warning("self-check: test fault %r injected into sequences %s", fault, faulted)
-        rows = None if internal else selfcheck.rows_for_workers(instance, [results[i]["hidden_states"][-1]
+        rows = None if internal else checking.rows_for_workers(instance, [results[i]["hidden_states"][-1]
                                                                           for i in checked])
         try:
-            replies = executor.collective_rpc(selfcheck.check, args=(rows,))
+            replies = executor.collective_rpc(compare.check, args=(rows,))
         finally:
-            selfcheck.unshare(rows)
+            checking.unshare(rows)
         done = True
     finally:
         if not done and not getattr(lifecycle.real_executor(executor), "is_failed", False):
             try:  # the workers stop recording; the call's own error is what the caller must see
-                executor.collective_rpc(selfcheck.arm, args=(None,))
+                executor.collective_rpc(compare.arm, args=(None,))
             except Exception as exc:
                 log.debug("self-check: could not disarm the workers: %s: %s", type(exc).__name__, exc)
     totals.seconds += time.perf_counter() - t0
@@ -162,7 +153,7 @@ def _generate(wrapped, instance, args, kwargs):
     if found is None:
         raise SelfCheckError("self-check: no worker returned the comparison")
     totals.add(found, call)
-    failure = selfcheck.verdict(found, selfcheck.tolerance())
+    failure = checking.verdict(found, checking.tolerance())
     if failure:
         totals.failed = f"call {call}: {failure}"
         raise SelfCheckError(f"{failure} (call {call} of this generator; nothing of this call should be saved)")
