@@ -2,11 +2,11 @@
 
     python benchmarks/gpu_extract.py build ROOT                 # the random bf16 Llamas (no vLLM needed)
     python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before] [--worker-profile]
-                                                                [--vllm-extract [--vllm-extract-dir DIR]]
+                                                                [--vllm-extract [--vllm-extract-dir DIR]] [--tp N]
     python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR] [--prefill-json BENCH_FILE]
     python benchmarks/gpu_extract.py selfcheck MODEL --out FILE [--tp N] [--prompts 32] [--len 1024]
 
-``bench``: one process, every engine alive on the same GPU, built once: vLLM's own eager prefill
+``bench``: one process, every engine alive on the same GPU(s) (``--tp N``: each engine tensor parallel over N), built once: vLLM's own eager prefill
 (``LLM(enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.3)``,
 ``generate(SamplingParams(max_tokens=1))``), the stock ``VllmHiddenStatesGenerator`` through the
 shim, as installed (``extract``), and with the capture hooks removed in the worker
@@ -346,7 +346,7 @@ class Anchor:
     generator's results. Not timed: removing the files and their locks after the call
     (``cleanup_s``)."""
 
-    def __init__(self, model: str, batch, layer_ids, util: float, dtype: str, folder: str):
+    def __init__(self, model: str, batch, layer_ids, util: float, dtype: str, folder: str, tp: int = 1):
         from vllm import LLM
 
         self.batch, self.layer_ids, self.folder = batch, list(layer_ids), folder
@@ -357,7 +357,7 @@ class Anchor:
         self.paths: list[str] = []
         t = time.time()
         try:
-            self.llm = LLM(model=model, enforce_eager=True, gpu_memory_utilization=util,
+            self.llm = LLM(model=model, enforce_eager=True, gpu_memory_utilization=util, tensor_parallel_size=tp,
                            enable_prefix_caching=False, dtype=dtype, **self.config)
         except Exception:
             self._remove_folder()
@@ -447,11 +447,11 @@ class Anchor:
 def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str = "auto",
           async_too: bool = False, before_too: bool = False, sched_ab: bool = False,
           worker_profile: bool = False, vllm_extract: bool = False, vllm_extract_dir: str | None = None,
-          vllm_extract_util: float | None = None) -> dict:
+          vllm_extract_util: float | None = None, tp: int = 1) -> dict:
     """The ``bench`` command (the module's docstring says what it measures): the engines built in
     one process, each mode warmed up then timed in rotated rounds, the report written to ``out``
     as it grows and summed up in one printed JSON line. The process then ends (``os._exit``)."""
-    run = _Bench(model, out, rounds, n, length, util, dtype, async_too)
+    run = _Bench(model, out, rounds, n, length, util, dtype, async_too, tp)
     run.start_prefill(record_runner=vllm_extract)
     run.start_generator()
     if sched_ab:
@@ -476,11 +476,11 @@ class _Bench:
     call's parts) and the report."""
 
     def __init__(self, model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str,
-                 async_too: bool):
+                 async_too: bool, tp: int = 1):
         cfg = json.loads((Path(model) / "config.json").read_text())
         layers_n = cfg["num_hidden_layers"]
         self.model, self.out, self.rounds, self.util, self.dtype = model, out, rounds, util, dtype
-        self.async_too = async_too
+        self.async_too, self.tp = async_too, tp
         self.cfg = cfg
         self.layer_ids = [2, layers_n // 2, layers_n - 3, layers_n - 1]
         self.batch = prompts(n, length, cfg["vocab_size"], seed=7)
@@ -488,7 +488,8 @@ class _Bench:
         self.report: dict = {"model": model, "config": {k: cfg[k] for k in MODELS["llama-1b"]}, "prompts": n,
                              "length": length, "layers": self.layer_ids, "rounds": rounds,
                              "target": TARGETS.get(Path(model).name),
-                             "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None, "calls": {}}
+                             "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None, "calls": {},
+                             "tp": tp}
         self.modes: dict = {}
         self.sent: dict = {}  # the last results of each generator, held until its next call
         self.llm = self.llm_gen = self.gen = self.gen_async = self.anchor = None
@@ -506,7 +507,7 @@ class _Bench:
 
         t = time.time()
         self.llm = LLM(model=self.model, enforce_eager=True, gpu_memory_utilization=self.util,
-                       enable_prefix_caching=False, dtype=self.dtype)
+                       enable_prefix_caching=False, dtype=self.dtype, tensor_parallel_size=self.tp)
         if self.dtype != "auto":
             os.environ["SPECULATORS_COMPAT_DTYPE"] = self.dtype  # the generator's, through the dtype patch
         report = self.report
@@ -539,7 +540,7 @@ class _Bench:
         if self.async_too:  # ``extract`` then runs the steps synchronously, ``extract_async`` as installed
             os.environ["SPECULATORS_COMPAT_ASYNC_STEPS"] = "0"
         self.gen = VllmHiddenStatesGenerator(self.model, layer_ids=self.layer_ids, max_model_len=2048,
-                                             gpu_memory_utilization=self.util)
+                                             gpu_memory_utilization=self.util, tensor_parallel_size=self.tp)
         os.environ.pop("SPECULATORS_COMPAT_ASYNC_STEPS", None)
         report["generator_init_s"] = round(time.time() - t, 1)
         report["generator_engine"] = _sched(self.gen.vllm_config)
@@ -612,7 +613,7 @@ class _Bench:
         g = self.report["generator_engine"]
         t = time.time()
         self.llm_gen = LLM(model=self.model, enforce_eager=True, gpu_memory_utilization=self.util,
-                           enable_prefix_caching=False, dtype=self.dtype,
+                           enable_prefix_caching=False, dtype=self.dtype, tensor_parallel_size=self.tp,
                            max_num_batched_tokens=g["max_num_batched_tokens"], max_num_seqs=g["max_num_seqs"],
                            enable_chunked_prefill=False, max_model_len=self.gen.vllm_config.model_config.max_model_len)
         self.report["llm_gen_sched_init_s"] = round(time.time() - t, 1)
@@ -633,7 +634,7 @@ class _Bench:
 
         t = time.time()
         self.gen_async = VllmHiddenStatesGenerator(self.model, layer_ids=self.layer_ids, max_model_len=2048,
-                                                   gpu_memory_utilization=self.util)
+                                                   gpu_memory_utilization=self.util, tensor_parallel_size=self.tp)
         self.report["generator_async_init_s"] = round(time.time() - t, 1)
         self.report["async_scheduling"] = bool(self.gen_async.vllm_config.scheduler_config.async_scheduling)
         self.marks_async = Marks()
@@ -663,7 +664,8 @@ class _Bench:
         folder = folder or f"{base}/gpu-extract-anchor-{os.getpid()}"
         self.report["vllm_extract"] = {"engine_args": anchor_config(self.layer_ids, folder)}
         try:
-            self.anchor = Anchor(self.model, self.batch, self.layer_ids, util or self.util, self.dtype, folder)
+            self.anchor = Anchor(self.model, self.batch, self.layer_ids, util or self.util, self.dtype, folder,
+                                 self.tp)
             self.report["vllm_extract"] = self.anchor.describe()
             self.modes["vllm_extract"] = self.anchor
         except Exception as exc:  # noqa: BLE001 - recorded; the other modes are still measured
@@ -1227,6 +1229,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="auto", help="float32 for a CPU dry run (vLLM's CPU attention lacks bf16 on some CPUs)")
     p.add_argument("--worker-profile", action="store_true",
                    help="also cProfile the workers' step thread over one call with the self-check and one without")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size of every engine (vLLM's and the generator)")
     p.add_argument("--vllm-extract", action="store_true",
                    help="also vLLM's own extraction (extract_hidden_states + ExampleHiddenStatesConnector; vllm_extract)")
     p.add_argument("--vllm-extract-dir", help="where its connector writes (default /dev/shm/gpu-extract-anchor-PID)")
@@ -1262,7 +1265,7 @@ def main(argv=None):
                      sample_tokens=pipelined_steps.PipelinedExecutor.sample_tokens)
         bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype, args.async_too,
               args.before_too, args.sched_ab, args.worker_profile, args.vllm_extract, args.vllm_extract_dir,
-              args.vllm_extract_util)
+              args.vllm_extract_util, args.tp)
     else:
         stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util,
               args.prefill_json, args.save_gib)
