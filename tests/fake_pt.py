@@ -94,9 +94,23 @@ def _pickle(obj, storages: list[bytes]) -> bytes:
 
 
 def save(obj, path) -> None:
-    """Write ``obj`` (dicts, lists, ints, strs and :class:`Tensor`) to ``path`` as torch would."""
-    path = Path(path)
-    name = path.name.split(".")[0] or "archive"
+    """Write ``obj`` (dicts, lists, ints, strs and :class:`Tensor`) to ``path`` as torch would; into
+    a folder the runner protects, atomically, as the ``atomic-save`` patch makes ``torch.save``
+    (a file under its final name is complete: a shard counts the others' files by name)."""
+    try:
+        from speculators_compat.run import atomic
+    except ImportError:  # the fake alone, without the library
+        atomic = None
+    final = atomic.protected(path) if atomic is not None else None
+    name = Path(path).name.split(".")[0] or "archive"
+    if final is None:
+        _write(obj, Path(path), name)
+        return
+    with atomic.atomic_path(final) as tmp:
+        _write(obj, Path(tmp), name)
+
+
+def _write(obj, path: Path, name: str) -> None:
     storages: list[bytes] = []
     pkl = _pickle(obj, storages)
     with open(path, "wb") as fh, zipfile.ZipFile(fh, "w") as zf:
