@@ -27,7 +27,8 @@ from speculators_compat.core import _env, hooks, versions
 from speculators_compat.check import validation
 from speculators_compat.errors import IncompatibleVllmError
 from speculators_compat.core.registry import (Cause, Context, Edit, Kind, Patch, Probe, Side, Status, evaluate,
-                                        uncovered_release, unknown_disabled, verdict)
+                                        uncovered_release)
+from speculators_compat.core.verdict import unknown_disabled, verdict
 from speculators_compat.core.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -976,7 +977,8 @@ def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypa
 
 def test_an_engine_check_is_listed_before_the_patches_refused_for_the_same_cause():
     from speculators_compat.core import preflight
-    from speculators_compat.core.registry import Decision, rank
+    from speculators_compat.core.registry import Decision
+    from speculators_compat.core.verdict import rank
 
     v1, _ = make_patch("v1")
     ceiling = preflight.CHECKS[0]

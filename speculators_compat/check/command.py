@@ -88,7 +88,8 @@ def unpacked(root: str) -> tuple[versions.Installed, str]:
 def report(deep: bool = False, vllm_root: str | None = None) -> dict:
     from ..core import hooks, preflight
     from . import inventory
-    from ..core.registry import context, unknown_disabled, verdict
+    from ..core.registry import context
+    from ..core.verdict import unknown_disabled, verdict
     from .sources import Sources, StaticView
 
     if vllm_root:

@@ -139,8 +139,8 @@ def _on_import(module: ModuleType) -> None:
 
 def apply_module(module: ModuleType) -> list[Decision]:
     """Evaluate and apply every patch that targets ``module``; idempotent."""
-    from .registry import (Cause, Decision, Patcher, Status, context, evaluate, refusal, unknown_disabled,
-                           unknown_disabled_message)
+    from .registry import Cause, Decision, Patcher, Status, context, evaluate, refusal
+    from .verdict import unknown_disabled, unknown_disabled_message
 
     name = module.__name__
     ctx = context()
@@ -254,7 +254,7 @@ def _unvalidated_requires(target: str) -> tuple[str, ...]:
 
 def refusal_message(refused: list[Decision]) -> str:
     """One message for every refusal, what changed first (by cause), then the rest."""
-    from .registry import rank
+    from .verdict import rank
 
     ranked = sorted(refused, key=rank)
     return ("speculators_compat refuses to run: " + " | ".join(d.reason for d in ranked)

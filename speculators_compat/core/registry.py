@@ -30,7 +30,7 @@ new shape, not validated      a repair (delta, fix, platform): ``refused`` (``NO
                               a guard, feature or performance patch: ``left off`` (stock behaviour)
 ============================  =============================================================
 
-:func:`verdict` says whether an install is *covered*: nothing refused, nothing left off or
+:func:`speculators_compat.core.verdict.verdict` says whether an install is *covered*: nothing refused, nothing left off or
 disabled where its delta is present -- except an optional patch (a performance patch, whose
 absence leaves the stock data path: same rows, more time or memory; the self-check) -- and no
 unknown id in ``SPECULATORS_COMPAT_DISABLE``. ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` lets
@@ -65,11 +65,8 @@ __all__ = [
     "context",
     "evaluate",
     "evaluate_all",
-    "rank",
     "refusal",
-    "verdict",
     "uncovered_release",
-    "unknown_disabled",
     "DISABLE_ENV",
     "DEPENDENCIES",
 ]
@@ -442,44 +439,6 @@ def _validated(patch: Patch, ctx: Context, probe: Probe) -> Decision:
     evidence = f"the API shape matches ({probe.evidence}), but {'; '.join(why)}"
     return Decision(patch, Status.REFUSED, refusal(patch, ctx, evidence, Cause.NOT_VALIDATED), Cause.NOT_VALIDATED,
                     needed=True)
-
-
-def rank(decision: Decision) -> tuple[int, bool]:
-    """Where a refusal is listed: what changed first (by :class:`Cause`), and for one cause an engine
-    check that judges what the patches rely on (``first``: the release's ceiling, the API shapes)
-    before them."""
-    order = list(Cause)
-    return (order.index(decision.cause) if decision.cause else len(order), not getattr(decision.patch, "first", False))
-
-
-def unknown_disabled(known: list[str], disabled: frozenset[str] | None = None) -> list[str]:
-    """The ids in ``SPECULATORS_COMPAT_DISABLE`` (or ``disabled``) that name no patch of ``known``."""
-    disabled = _env.disabled() if disabled is None else disabled
-    return sorted(disabled - set(known) - _env.NOT_PATCHES)
-
-
-def unknown_disabled_message(unknown: list[str], known: list[str]) -> str:
-    return (f"{DISABLE_ENV} names no patch: {', '.join(unknown)}. Known ids: {', '.join(sorted(known))} "
-            "(and 'all'; 'resume' for the runner's output folder)")
-
-
-def verdict(decisions: list[Decision], ctx: Context, unknown_ids: list[str] = ()) -> tuple[bool, list[str]]:
-    """Whether the install is covered, and the reasons when it is not (the first ones first)."""
-    reasons = []
-    if ctx.vllm is None:
-        reasons.append("vLLM is not installed")
-    if ctx.speculators is None:
-        reasons.append("speculators is not installed")
-    if unknown_ids:
-        reasons.append(f"{DISABLE_ENV} names no patch: {', '.join(unknown_ids)}")
-    if ctx.unvalidated and ctx.vllm is not None and ctx.speculators is not None and ctx.record is None:
-        reasons.append(f"vLLM {ctx.vllm.base} is not validated: it runs under {_env.UNVALIDATED}="
-                       f"{_env.UNVALIDATED_SELF_CHECK} (every sequence of the first calls checked)")
-    bad = [d for d in decisions if d.uncovers]
-    bad.sort(key=lambda d: (d.status is not Status.REFUSED, *rank(d)))
-    for d in bad:
-        reasons.append(f"{d.patch.id} {d.status.value}: {d.reason}")
-    return not reasons, reasons
 
 
 def evaluate_all(patches: list[Patch], module: ModuleType | None = None, view: Any = None,
