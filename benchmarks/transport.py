@@ -36,6 +36,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def _rotated_medians(ways: list, repeats: int) -> dict[str, float]:
+    """Each way's median time over ``repeats`` rounds, the order rotated every round."""
+    times: dict = {name: [] for name, _ in ways}
+    for i in range(repeats):
+        for name, fn in ways[i % len(ways):] + ways[:i % len(ways)]:
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> int:
     import torch
 
@@ -101,16 +112,9 @@ def main() -> int:
             offset += seq_len
         return out
 
-    times: dict = {"pickle": [], "shm": [], "inplace": []}
     stock(), shm(), inplace()  # warm-up
     copies[0] = 0
-    ways = [("pickle", stock), ("shm", shm), ("inplace", inplace)]
-    for i in range(args.repeats):
-        for name, fn in ways[i % 3:] + ways[:i % 3]:
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = _rotated_medians([("pickle", stock), ("shm", shm), ("inplace", inplace)], args.repeats)
     print(json.dumps({
         "bytes": nbytes, "torch_threads": torch.get_num_threads(), "repeats": args.repeats,
         "median_s": {k: round(v, 4) for k, v in med.items()},
