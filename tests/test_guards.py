@@ -42,6 +42,9 @@ def test_the_output_guard_compares_ids_as_given_and_names_a_reordered_sequence()
 def _disposition_after_leaving(runner: str, queue) -> None:
     import signal
 
+    # Python's own handler, as in a process started from a terminal (a shell's background job
+    # inherits SIGINT ignored, which would pass for "left to the runner")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["SPECULATORS_COMPAT_RUNNER"] = runner
     left = lifecycle.leave_ctrl_c_to_the_runner()
     queue.put((left, signal.getsignal(signal.SIGINT) == signal.SIG_IGN))
