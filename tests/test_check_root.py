@@ -27,9 +27,10 @@ EXPECTED = {
 }
 
 
-def report(tmp_path, *extra) -> dict:
+def report(tmp_path, *extra, **env) -> dict:
+    base = {k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"}
     proc = subprocess.run([sys.executable, "-m", "speculators_compat.check", "--json", "--vllm-root", ROOT, *extra],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**base, **env})
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     return json.loads(proc.stdout)
 
@@ -58,3 +59,18 @@ def test_without_the_move_the_refusal_says_where_the_helpers_went(tmp_path):
     assert proc.returncode == 1 and rep["covered"] is False
     v8 = next(p for p in rep["patches"] if p["id"] == "v8")
     assert v8["status"] == "disabled" and "kv_cache_planning" in v8["reason"]
+
+
+def test_model_runner_v2_asked_for_needs_mrv2_rows_validated_on_the_release(tmp_path):
+    """0.33 ships both runners: with VLLM_USE_V2_MODEL_RUNNER=1 MRv2 runs, so mrv2-rows is needed,
+    and its fields are in 0.33's MRv2; no validation run applied it on 0.33, so it is refused
+    (runner-v1 refuses the variable before the weights load). On 0.34 it is needed either way."""
+    rep = report(tmp_path, VLLM_USE_V2_MODEL_RUNNER="1")
+    line = ".".join(rep["vllm"]["version"].split(".")[:2])
+    rows = next(p for p in rep["patches"] if p["id"] == "mrv2-rows")
+    if line == "0.34":
+        assert rows["status"] == "applies" and rep["covered"] is True, rows
+        return
+    assert rows["status"] == "refused" and rep["covered"] is False, rows
+    assert "VLLM_USE_V2_MODEL_RUNNER asks for Model Runner V2: a step's rows are found by request id" in rows["reason"]
+    assert "no validation run applied it on vLLM 0.33.0" in rows["reason"], rows["reason"]

@@ -1,11 +1,13 @@
 """mrv2-rows -- each step's captured rows mapped to their requests under Model Runner V2.
 
-Delta (vLLM 0.34.0: the V1 model runner is gone; ``gpu_worker`` always builds
-``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, Model Runner V2): MRv2 runs a step's
+Delta: Model Runner V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``) runs a step's
 requests in its own order (``sort_batch_req_ids``: decodes first, then by scheduled token
 count), not in the scheduler's. The stock worker stores each step's rows as the forward laid
 them out, and the stock generator cuts the call's rows in input order: prompts of different
-lengths would come back with each other's rows -- right shapes, finite values, no error.
+lengths would come back with each other's rows -- right shapes, finite values, no error. MRv2
+is the only runner from vLLM 0.34.0 (the V1 runner is gone); on 0.22 - 0.33 it runs where the
+user sets ``VLLM_USE_V2_MODEL_RUNNER=1`` (``runner-v1`` keeps the V1 runner otherwise, and lets
+MRv2 run only on a release where this patch was validated).
 
 How: ``GPUModelRunner.prepare_inputs`` is wrapped to note, per step, where MRv2 put each
 request's rows (``InputBatch.req_ids`` and ``query_start_loc_np``, by request id) and the
@@ -17,10 +19,10 @@ of the step's rows (the stock store, ``offload-captured``, ``shm-transport``) th
 the V1 runner laid them out. A step whose rows do not match its noted layout raises
 ``IncompatibleVllmError`` in the worker: never rows of another request.
 
-Detection: the V1 runner module ``vllm.v1.worker.gpu_model_runner`` exists: not needed
-(``runner-v1`` keeps that runner). Gone, and MRv2's ``prepare_inputs`` builds its
-``InputBatch`` with ``req_ids``, ``query_start_loc_np`` and ``num_computed_tokens_np``: new.
-Otherwise: unknown, refused.
+Detection: the V1 runner module ``vllm.v1.worker.gpu_model_runner`` exists and
+``VLLM_USE_V2_MODEL_RUNNER`` is not true: not needed (the V1 runner runs). Otherwise MRv2's
+``prepare_inputs`` builds its ``InputBatch`` with ``req_ids``, ``query_start_loc_np`` and
+``num_computed_tokens_np`` (0.26+): new. Otherwise: unknown, refused.
 
 Remove when speculators 0.3.x is no longer supported.
 """
@@ -35,11 +37,10 @@ from speculators_compat.core.targets import WORKER
 
 from .._probes import source_of
 from .._ranges import SPECULATORS_03
+from ._runners import MRV2, MRV2_ROWS, V1_RUNNER, VAR, asked_for
 
 log = logging.getLogger("speculators_compat")
 
-V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
-MRV2 = "vllm.v1.worker.gpu.model_runner"
 #: what MRv2's ``prepare_inputs`` must put into its ``InputBatch`` for the rows to be found
 USES = ("req_ids=req_ids", "query_start_loc_np=", "num_computed_tokens_np=")
 #: the runner attribute holding the last step's :class:`StepRows`
@@ -47,32 +48,38 @@ STEP = "_speculators_compat_step_rows"
 
 
 def _judge(v1_present: bool, prepare: str | None) -> Probe:
-    if v1_present:
-        return Probe.old(f"{V1_RUNNER} exists: the V1 runner lays rows out in the scheduler's order")
+    """``v1_present``: the V1 runner exists (0.33 and before); ``prepare``: MRv2's ``prepare_inputs``."""
+    if v1_present and not asked_for():
+        return Probe.old(f"{V1_RUNNER} exists and {VAR} does not ask for Model Runner V2: the V1 runner lays "
+                         "rows out in the scheduler's order")
+    which = f"{VAR} asks for Model Runner V2" if v1_present else "Model Runner V2 only"
     if not prepare:
-        return Probe.unknown(f"neither {V1_RUNNER} nor {MRV2}.GPUModelRunner.prepare_inputs found")
+        return Probe.unknown(f"{which}, and {MRV2}.GPUModelRunner.prepare_inputs is not found")
     missing = [u for u in USES if u not in prepare]
     if missing:
-        return Probe.unknown(f"{MRV2}.GPUModelRunner.prepare_inputs does not build its InputBatch with {missing[0]!r}")
-    return Probe.new("Model Runner V2 only: a step's rows are found by request id (InputBatch.req_ids, "
-                     "query_start_loc_np) and put in the scheduler's order")
+        return Probe.unknown(f"{which}, and {MRV2}.GPUModelRunner.prepare_inputs does not build its InputBatch "
+                             f"with {missing[0]!r}")
+    return Probe.new(f"{which}: a step's rows are found by request id (InputBatch.req_ids, query_start_loc_np) "
+                     "and put in the scheduler's order")
 
 
 def probe(module) -> Probe:
     import importlib
     import importlib.util
 
-    if importlib.util.find_spec(V1_RUNNER) is not None:
+    v1_present = importlib.util.find_spec(V1_RUNNER) is not None
+    if v1_present and not asked_for():
         return _judge(True, None)
     runner = getattr(importlib.import_module(MRV2), "GPUModelRunner", None)
     method = getattr(runner, "prepare_inputs", None)
-    return _judge(False, source_of(method) if method is not None else None)
+    return _judge(v1_present, source_of(method) if method is not None else None)
 
 
 def static_probe(view) -> Probe:
-    if view.vllm.module_file(V1_RUNNER) is not None:
+    v1_present = view.vllm.module_file(V1_RUNNER) is not None
+    if v1_present and not asked_for():
         return _judge(True, None)
-    return _judge(False, view.vllm.source(MRV2, "GPUModelRunner", "prepare_inputs"))
+    return _judge(v1_present, view.vllm.source(MRV2, "GPUModelRunner", "prepare_inputs"))
 
 
 class StepRows:
@@ -142,20 +149,21 @@ def apply(module, patcher) -> None:
 
 
 PATCH = Patch(
-    id="mrv2-rows",
+    id=MRV2_ROWS,
     title="captured rows placed by request id under Model Runner V2 (vLLM 0.34: the only runner)",
-    delta="V1 model runner removed; Model Runner V2 orders a step's requests by token count -> rows "
-    "handed on in the scheduler's (input) order",
+    delta="Model Runner V2 (0.34: the only runner; 0.22 - 0.33: with VLLM_USE_V2_MODEL_RUNNER=1) orders a "
+    "step's requests by token count -> rows handed on in the scheduler's (input) order",
     api=f"{MRV2}.GPUModelRunner.prepare_inputs (InputBatch.req_ids, query_start_loc_np)",
     side=Side.WORKER,
     kind=Kind.DELTA,
-    vllm=">=0.34",
+    vllm=">=0.22",
     after=("offload-captured", "shm-transport"),  # wraps _store_captured_states outside them: they get input order
     target=WORKER,
     speculators=SPECULATORS_03,
     probe=probe,
     static_probe=static_probe,
     apply=apply,
-    upstream="vLLM 0.34.0 removed the V1 model runner; speculators 0.3.x cuts rows in input order",
+    upstream="vLLM 0.34.0 removed the V1 model runner (0.22 chose MRv2 on its own); speculators 0.3.x cuts rows "
+    "in input order",
     remove_when="speculators 0.3.x is no longer supported",
 )

@@ -16,8 +16,9 @@ How: ``VllmHiddenStatesGenerator.__init__`` is wrapped. If ``VLLM_USE_V2_MODEL_R
 set, it is set to ``0`` before the engine is configured (vLLM reads it first, on every release
 up to 0.33, and the workers inherit it), so the V1 runner -- the one every validation run used
 -- runs, on the GPU as on the CPU. It stays set in the process. If the user set it to a true
-value, the generator refuses (``IncompatibleVllmError``) naming the variable: capture under
-MRv2 is not validated.
+value, MRv2 runs where ``mrv2-rows`` (which places its rows by request id) is on and validated
+on the installed release; elsewhere the generator refuses (``IncompatibleVllmError``, before
+anything is built) naming the variable and the releases MRv2 capture is validated on.
 
 Detection: ``VllmConfig.use_v2_model_runner`` exists and reads ``VLLM_USE_V2_MODEL_RUNNER``:
 new. No such property (before 0.22: V1 unless opted in): not needed. A property that does not
@@ -28,17 +29,20 @@ Remove when the stock generator maps rows by request id instead of input order.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from speculators_compat.errors import IncompatibleVllmError
+from speculators_compat.core import hooks, registry, versions
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.core.targets import GENERATOR
 
 from .._probes import source_of
 from .._ranges import SPECULATORS_ALL
+from ._runners import MRV2_ROWS, V1_RUNNER, VAR, asked_for
 
-VAR = "VLLM_USE_V2_MODEL_RUNNER"
-V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+log = logging.getLogger("speculators_compat")
+
 CONFIG = "vllm.config.vllm"
 
 
@@ -69,22 +73,36 @@ def static_probe(view) -> Probe:
     return _judge(src or None, view.vllm.module_file(V1_RUNNER) is not None)
 
 
-def _true(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+def _mrv2_refused() -> str | None:
+    """Why Model Runner V2 may not run here (None: ``mrv2-rows`` is on and validated on this release)."""
+    rows = next((p for p in hooks.patches() if p.id == MRV2_ROWS), None)
+    if rows is None:
+        return f"{MRV2_ROWS}, which places its rows by request id, is not in the installed patch set"
+    ctx = registry.context()
+    if ctx.speculators is None or not versions.in_range(ctx.speculators, rows.speculators):
+        return f"{MRV2_ROWS}, which places its rows by request id, serves speculators {rows.speculators} only"
+    if "all" in ctx.disabled or MRV2_ROWS in ctx.disabled:
+        return f"{MRV2_ROWS}, which places its rows by request id, is disabled"
+    if registry.validated_here(rows, ctx):
+        return None
+    seen = ctx.evidence.patch_releases(MRV2_ROWS) if ctx.evidence else []
+    where = f"on vLLM {', '.join(seen)} only" if seen else "on no vLLM release"
+    return f"capture under it ({MRV2_ROWS}) is validated {where}"
 
 
 def _init(wrapped, instance, args, kwargs):
     value = os.environ.get(VAR)
     if value is None:
         os.environ[VAR] = "0"
-    elif _true(value):
-        from speculators_compat.core import versions
-
-        raise IncompatibleVllmError(
-            f"[runner-v1] {VAR}={value}: Model Runner V2 lays a step's rows out by token count and the "
-            f"stock generator slices them in input order; capture under it is not validated. Installed: "
-            f"{versions.vllm()}. What to do: unset {VAR} (or set it to 0)."
-        )
+    elif asked_for():
+        why = _mrv2_refused()
+        if why:
+            raise IncompatibleVllmError(
+                f"[runner-v1] {VAR}={value}: Model Runner V2 lays a step's rows out by token count and the "
+                f"stock generator slices them in input order; {why}. Installed: {versions.vllm()}. What to do: "
+                f"unset {VAR} (or set it to 0) to run the validated V1 runner."
+            )
+        log.info("runner-v1: %s=%s: Model Runner V2 runs; %s places its rows by request id", VAR, value, MRV2_ROWS)
     return wrapped(*args, **kwargs)
 
 

@@ -67,6 +67,7 @@ __all__ = [
     "evaluate_all",
     "refusal",
     "uncovered_release",
+    "validated_here",
     "DISABLE_ENV",
     "DEPENDENCIES",
 ]
@@ -392,6 +393,17 @@ def _not_validated(patch: Patch, ctx: Context) -> list[str]:
                            + (f" (validated on transformers {', '.join(seen)})" if seen else "")
                            + (f"; pin transformers=={pin}" if pin else ""))
     return why
+
+
+def validated_here(patch: Patch, ctx: Context) -> bool:
+    """Whether the validation table vouches for ``patch`` on the installed releases (a validation
+    run vouches for what it records; a vLLM release no run covers, for nothing that depends on it).
+    For a patch whose runtime choice rests on another's validation."""
+    if ctx.recording:
+        return True
+    if "vllm" in patch.depends_on and ctx.record is None:
+        return False
+    return not _not_validated(patch, ctx)
 
 
 def _line(version) -> str:

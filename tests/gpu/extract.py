@@ -1,6 +1,7 @@
 """One extraction run of the stock generator with the shim; prints nothing, writes a JSON report.
 
     python tests/gpu/extract.py MODEL_NAME --tp N --out FILE [--sets mixed,chunked,long]
+        [--save-rows FILE.pt | --compare-rows FILE.pt]
 
 Run in a fresh process per (model, TP) from OUTSIDE the checkout root (the checkout's
 speculators_compat/ would shadow the installed package). Models and HF references come from
@@ -11,7 +12,9 @@ in the worker), the KV cache the stock driver sized, per prompt set the call's s
 tokens/s, rows == tokens, and per layer the worst relative L2 / max abs difference against
 HF transformers fp32 (and HF's own bf16 floor from the reference step), a repeated call's
 difference, and the worker's peak device memory. Steps that fail are recorded with their
-error; the report is written in any case.
+error; the report is written in any case. ``--save-rows`` keeps the rows of every set (one run,
+e.g. under the V1 runner) and ``--compare-rows`` reports another run's rows against them
+(``vs_saved``: e.g. the same model under Model Runner V2).
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def main() -> int:
     ap.add_argument("--sets", default="mixed,chunked,long")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--save-rows", help="torch.save every set's rows here (to compare another run with)")
+    ap.add_argument("--compare-rows", help="compare every set's rows with those a --save-rows run kept here")
     args = ap.parse_args()
 
     import common
@@ -194,7 +199,7 @@ def main() -> int:
             layers = common.per_layer(common.compare_rows(got, refs["sets"][name]), layer_ids)
             holder.setdefault("first", {})[name] = got
             tokens = sum(len(b) for b in batch)
-            return {
+            value = {
                 "sequences": len(batch), "tokens": tokens, "seconds": round(seconds, 3),
                 "tokens_per_s": round(tokens / seconds), "rows_ok": rows_ok,
                 "dtype": str(got[0][0].dtype), "device": str(got[0][0].device),
@@ -203,7 +208,22 @@ def main() -> int:
                 "outlier_rows": max(v["outlier_rows"] for v in layers.values()), "layers": layers,
                 "peak": gen.executor.collective_rpc(worker_info)[0],
             }
+            if args.compare_rows:
+                value["vs_saved"] = vs_saved(name, got)
+            return value
         return step
+
+    def vs_saved(name, got):
+        """This run's rows against those of the --save-rows run, per layer (identical: bit for bit)."""
+        import torch
+
+        if "saved" not in holder:
+            holder["saved"] = torch.load(args.compare_rows)
+        want = [[t.float() for t in seq] for seq in holder["saved"][name]]
+        layers = common.per_layer(common.compare_rows(got, want), layer_ids)
+        max_abs = common.worst(layers, "max_abs")
+        return {"max_rel_l2": common.worst(layers), "max_abs": max_abs, "identical": max_abs == 0.0,
+                "outlier_rows": max(v["outlier_rows"] for v in layers.values())}
 
     def repeat():
         gen = holder["gen"]
@@ -219,6 +239,11 @@ def main() -> int:
             run(name, extract(name))
         if "mixed" in holder.get("first", {}):
             run("repeat", repeat)
+        if args.save_rows and holder.get("first"):
+            import torch
+
+            torch.save({k: [[t.cpu() for t in seq] for seq in v] for k, v in holder["first"].items()},
+                       args.save_rows)
     gen = holder.pop("gen", None)
     if gen is not None:
         import gc

@@ -223,7 +223,10 @@ def validation_run(results: dict) -> dict | None:
         return None
     v = results.get("versions", {})
     spec = v.get("speculators", "0")
-    return {
+    notes = {}
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true", "yes", "on"):
+        notes["notes"] = "Model Runner V2 asked for (VLLM_USE_V2_MODEL_RUNNER=1) in every extraction"
+    return {**notes,
         "date": time.strftime("%Y-%m-%d"), "env": "gpu-h200", "platform": "cuda",
         "vllm": v.get("vllm", "0").split("+")[0], "vllm_version": v.get("vllm"), "speculators": spec,
         "transformers": v.get("transformers"), "transformers_line": (v.get("transformers") or "4")[0],

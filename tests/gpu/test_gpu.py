@@ -152,6 +152,8 @@ V1_RUNNERS = ("vllm.v1.worker.gpu_model_runner.", "vllm.v1.worker.cpu_model_runn
 
 
 MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner."
+#: this run asks for Model Runner V2 on a release that has both runners (the extractions inherit it)
+MRV2_ASKED = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def mrv2_checks(report: dict) -> list[str]:
@@ -171,8 +173,9 @@ def runner_checks(report: dict, name: str) -> list[str]:
     """What shows that the V1 model runner ran (vLLM >= 0.22, where runner-v1 applies): the
     patch applied in the driver, VLLM_USE_V2_MODEL_RUNNER=0 there and in every worker, every
     worker's model runner the V1 class, and no "Using V2 Model Runner" line in vLLM's log.
-    From vLLM 0.34 (no V1 runner): :func:`mrv2_checks`."""
-    if vllm_version() >= (0, 34):
+    From vLLM 0.34 (no V1 runner), or where the run asks for Model Runner V2
+    (``VLLM_USE_V2_MODEL_RUNNER=1``, on 0.26 - 0.33): :func:`mrv2_checks`."""
+    if vllm_version() >= (0, 34) or MRV2_ASKED:
         return mrv2_checks(report)
     start = report["steps"]["start"]["value"]
     problems = []
@@ -204,6 +207,10 @@ import speculators_compat
 from speculators_compat.errors import IncompatibleVllmError
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 import torch
+from speculators_compat.patches.vllm_api import runner_v1
+if runner_v1._mrv2_refused() is None:  # mrv2-rows validated here: MRv2 may run
+    print("REFUSE " + json.dumps({"allowed": True}))
+    sys.exit(0)
 ENGINE = ("vllm.v1.engine.core", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
           "vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner")
 ENGINE_BEFORE = sorted(m for m in ENGINE if m in sys.modules)
@@ -226,20 +233,25 @@ print("REFUSE " + json.dumps(out))
 
 
 def test_runner_v1_refuses_v2_env(prepared):
-    """An explicit VLLM_USE_V2_MODEL_RUNNER=1 is refused by runner-v1 before anything is built:
+    """An explicit VLLM_USE_V2_MODEL_RUNNER=1, where mrv2-rows is not validated on the release, is
+    refused by runner-v1 before anything is built:
     IncompatibleVllmError naming the variable, raised before the generator's own ``__init__``
     runs -- no CUDA context created by the call, no engine core or model-runner module
     imported (cheap: no model load). Only where runner-v1 applies (vLLM >= 0.22)."""
     if not (0, 22) <= vllm_version() < (0, 34):
         pytest.skip(f"runner-v1 keeps the V1 runner on vLLM 0.22 - 0.33 (installed {vllm_version()})")
     LOGS.mkdir(parents=True, exist_ok=True)
+    env = child_env(1)
+    env.pop("SPECULATORS_COMPAT_RECORD", None)  # a user's run: a validation run lets MRv2 run to record it
     proc = subprocess.run([sys.executable, "-c", REFUSE_V2, str(common.MODELS / "llama")], capture_output=True,
-                          text=True, cwd=str(common.ROOT / "work"), env=child_env(1), timeout=remaining(180))
+                          text=True, cwd=str(common.ROOT / "work"), env=env, timeout=remaining(180))
     (LOGS / "refuse_v2.log").write_text(proc.stdout + proc.stderr)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("REFUSE ")]
     assert lines, f"rc={proc.returncode}\n{proc.stderr[-2000:]}"
     got = json.loads(lines[-1][len("REFUSE "):])
     record("runner_v1_refusal", got)
+    if got.get("allowed"):
+        pytest.skip("mrv2-rows is validated on this release: VLLM_USE_V2_MODEL_RUNNER=1 runs Model Runner V2")
     assert got["raised"] == "IncompatibleVllmError", got
     assert "[runner-v1]" in got["message"] and "VLLM_USE_V2_MODEL_RUNNER=1" in got["message"], got["message"]
     assert got["cuda_initialized"] is False or got["cuda_initialized_before"] is True, got

@@ -36,6 +36,10 @@
 #   stub34    vLLM 0.33/0.34: the MiniMax-M3 warm-up module (imports the CuTe DSL, not carried) made a
 #             no-op (it returns at once for other models and on SM90); stated in the records
 #   (SC_MODELS: the models of `selfcheck`, default the 8B bench model, dsv3 and kimi)
+#   runners   vLLM 0.26 - 0.33 (both runners): each of $RUNNERS_MODELS (llama qwen3 dsv3 kimi) extracted
+#             under the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0), then under Model Runner V2 (=1; needs
+#             RECORD=1 until mrv2-rows is validated on the release), sets $RUNNERS_SETS (mixed,chunked);
+#             both against HF fp32 and MRv2's rows against V1's -> $OUT/runners-<model>.json
 #   multi-dp   tests/gpu/multi.py dp (2+ GPUs): the stock script through `speculators-compat run
 #             --data-parallel 2` (one GPU per shard; MULTI_TP=2 on 4 GPUs: TP=2 shards) against one
 #             process, byte-equal; shard 1 SIGKILLed and resumed; `verify --full` -> $OUT/multi-dp.json
@@ -194,6 +198,20 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
     ( cd "$G016_ROOT/work" 2>/dev/null || cd /tmp; SPECULATORS_COMPAT_DISABLE=$DISABLE timeout ${TMO:-200} python3 "$OLDPWD/tests/gpu/extract.py" \
         $m --tp 1 --sets mixed --out "$OUT/extract_${m}_without_${DISABLE//,/_}.json" > "$OUT/disabled.log" 2>&1; echo "disabled $DISABLE rc=$?" )
     python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:(v['ok'],str(v.get('error',''))[:300]) for k,v in d['steps'].items()});print('mixed',{k:d['steps'].get('mixed',{}).get('value',{}).get(k) for k in ('max_rel_l2','pooled_rel_l2','rows_ok','outlier_rows')})" "$OUT/extract_${m}_without_${DISABLE//,/_}.json" 2>&1 | tail -3 ;;
+  runners)
+    for m in ${RUNNERS_MODELS:-llama qwen3 dsv3 kimi}; do
+      rows=$G016_ROOT/work/rows-$m.pt
+      for r in v1 mrv2; do
+        if [ $r = v1 ]; then v=0; keep="--save-rows $rows"; else v=1; keep="--compare-rows $rows"; fi
+        ( cd "$G016_ROOT/work" 2>/dev/null || cd /tmp; VLLM_USE_V2_MODEL_RUNNER=$v timeout ${TMO:-200} python3 \
+            "$OLDPWD/tests/gpu/extract.py" $m --tp 1 --sets ${RUNNERS_SETS:-mixed,chunked} $keep \
+            --out "$OUT/runners-$m-$r.json" > "$OUT/runners-$m-$r.log" 2>&1; echo "runners $m $r rc=$?" )
+      done
+      python3 tests/gpu/runners.py "$OUT/runners-$m.json" "$OUT/runners-$m-v1.json" "$OUT/runners-$m-mrv2.json" \
+        && rm -f "$OUT/runners-$m-v1.json" "$OUT/runners-$m-mrv2.json"
+      tar -czf "$OUT/runners-$m-logs.tar.gz" -C "$OUT" runners-$m-v1.log runners-$m-mrv2.log 2>/dev/null \
+        && rm -f "$OUT/runners-$m-v1.log" "$OUT/runners-$m-mrv2.log"
+    done ;;
   stub34)
     # vLLM 0.33/0.34 on the image: kernel_warmup imports model_executor/warmup/minimax_m3_msa_warmup.py
     # for every model on CUDA, which (0.34) imports the CuTe DSL (nvidia-cutlass-dsl, not carried);

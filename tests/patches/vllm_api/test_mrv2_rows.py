@@ -13,7 +13,8 @@ from speculators_compat.core.registry import Shape
 mrv2 = importlib.import_module("speculators_compat.patches.vllm_api.mrv2_rows")
 
 
-def test_mrv2_rows_probe_not_needed_while_the_v1_runner_exists():
+def test_mrv2_rows_probe_not_needed_while_the_v1_runner_exists(monkeypatch):
+    monkeypatch.delenv(mrv2.VAR, raising=False)
     assert mrv2._judge(True, None).shape is Shape.OLD
     assert mrv2._judge(False, None).shape is Shape.UNKNOWN
     assert mrv2._judge(False, "InputBatch(req_ids=req_ids, query_start_loc_np=q)").shape is Shape.UNKNOWN
@@ -48,3 +49,33 @@ def test_mrv2_rows_refuses_rows_it_cannot_place():
         mrv2.StepRows(["a", "x"], [0, 2, 5], [0, 0], ["a", "b"], padded=5)
     with pytest.raises(IncompatibleVllmError, match="cannot be placed by request"):  # a scheduled one missing
         mrv2.StepRows(["a"], [0, 2], [0], ["a", "b"], padded=2)
+
+
+@pytest.mark.parametrize("value, v1_runs", [(None, True), ("0", True), ("false", True), ("1", False),
+                                            ("True", False)])
+def test_mrv2_rows_where_both_runners_exist_follows_the_variable(monkeypatch, value, v1_runs):
+    """vLLM 0.22 - 0.33 ship both runners: the V1 one runs unless VLLM_USE_V2_MODEL_RUNNER asks
+    for MRv2, and then the rows need placing (judged on MRv2's InputBatch fields, as on 0.34)."""
+
+    class Vllm:
+        @staticmethod
+        def module_file(name):
+            return f"/site/{name}.py"
+
+        @staticmethod
+        def source(module, cls, name):
+            assert (module, cls, name) == (mrv2.MRV2, "GPUModelRunner", "prepare_inputs")
+            return "InputBatch(req_ids=req_ids, query_start_loc_np=q, num_computed_tokens_np=c)"
+
+    class View:
+        vllm = Vllm
+
+    if value is None:
+        monkeypatch.delenv(mrv2.VAR, raising=False)
+    else:
+        monkeypatch.setenv(mrv2.VAR, value)
+    assert mrv2.asked_for() is not v1_runs
+    assert mrv2.static_probe(View).shape is (Shape.OLD if v1_runs else Shape.NEW)
+    if not v1_runs:  # vLLM 0.22 - 0.25: MRv2's InputBatch has no num_computed_tokens_np yet
+        got = mrv2._judge(True, "InputBatch(req_ids=req_ids, query_start_loc_np=q)")
+        assert got.shape is Shape.UNKNOWN and got.evidence.startswith(f"{mrv2.VAR} asks for Model Runner V2, and ")
