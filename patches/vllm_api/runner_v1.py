@@ -79,10 +79,9 @@ def _mrv2_refused() -> str | None:
     if rows is None:
         return f"{MRV2_ROWS}, which places its rows by request id, is not in the installed patch set"
     ctx = registry.context()
-    if ctx.speculators is None or not versions.in_range(ctx.speculators, rows.speculators):
-        return f"{MRV2_ROWS}, which places its rows by request id, serves speculators {rows.speculators} only"
-    if "all" in ctx.disabled or MRV2_ROWS in ctx.disabled:
-        return f"{MRV2_ROWS}, which places its rows by request id, is disabled"
+    gate = registry.evaluate(rows, None, ctx=ctx)  # before its probe: installed, in its ranges, not disabled
+    if gate.status is not registry.Status.PENDING:
+        return f"{MRV2_ROWS}, which places its rows by request id, is off here ({gate.reason})"
     if registry.validated_here(rows, ctx):
         return None
     seen = ctx.evidence.patch_releases(MRV2_ROWS) if ctx.evidence else []

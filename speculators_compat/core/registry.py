@@ -30,11 +30,12 @@ new shape, not validated      a repair (delta, fix, platform): ``refused`` (``NO
                               a guard, feature or performance patch: ``left off`` (stock behaviour)
 ============================  =============================================================
 
-:func:`speculators_compat.core.verdict.verdict` says whether an install is *covered*: nothing refused, nothing left off or
-disabled where its delta is present -- except an optional patch (a performance patch, whose
-absence leaves the stock data path: same rows, more time or memory; the self-check) -- and no
-unknown id in ``SPECULATORS_COMPAT_DISABLE``. ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` lets
-a release no validation run covers run under the self-check; it is never covered.
+:func:`speculators_compat.core.verdict.verdict` says whether an install is *covered*: nothing
+refused, nothing left off or disabled where its delta is present -- except an optional patch (a
+performance patch, whose absence leaves the stock data path: same rows, more time or memory; the
+self-check) -- and no unknown id in ``SPECULATORS_COMPAT_DISABLE``.
+``SPECULATORS_COMPAT_UNVALIDATED=self-check`` lets a release no validation run covers run under
+the self-check; it is never covered.
 
 Versions are compared on their base release (``0.16.1.dev3+g1`` -> ``0.16.1``), so a nightly
 is judged by the release it leads to: ``0.17.0.dev3`` is neither ``<0.17`` nor silently

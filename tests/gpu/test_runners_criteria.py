@@ -50,7 +50,8 @@ def _broken(which: str, edit) -> list[str]:
     ("mrv2", lambda r: r["steps"]["mixed"]["value"].pop("vs_saved"), "not compared"),
     ("mrv2", lambda r: r["steps"]["mixed"]["value"].update(rows_ok=False), "rows != tokens"),
     ("mrv2", lambda r: r["steps"]["start"]["value"]["workers"][0].update(
-        model_runner="vllm.v1.worker.gpu_model_runner.GPUModelRunner"), "mrv2: worker 0 built vllm.v1.worker.gpu_model"),
+        model_runner="vllm.v1.worker.gpu_model_runner.GPUModelRunner"),
+     "mrv2: worker 0 built vllm.v1.worker.gpu_model"),
     ("mrv2", lambda r: r["steps"]["start"]["value"]["workers"][0].update(applied=["v3"]), "mrv2-rows not applied"),
     ("mrv2", lambda r: r["steps"]["start"].update(ok=False, error="IncompatibleVllmError: [runner-v1] ..."),
      "mrv2: start failed: IncompatibleVllmError"),

@@ -62,12 +62,13 @@ def test_asked_for_where_mrv2_rows_is_validated_runs_mrv2(init):
 
 @pytest.mark.parametrize("disabled", [("mrv2-rows",), ("all",)])
 def test_asked_for_with_mrv2_rows_disabled_refuses(init, disabled):
-    with pytest.raises(IncompatibleVllmError, match="mrv2-rows, which places its rows by request id, is disabled"):
+    with pytest.raises(IncompatibleVllmError, match=r"mrv2-rows, which places its rows by request id, is off here "
+                       r"\(disabled by SPECULATORS_COMPAT_DISABLE\)"):
         init("1", context(applied=("runner-v1", "mrv2-rows"), disabled=disabled))
 
 
 def test_asked_for_under_speculators_04_refuses(init):
-    with pytest.raises(IncompatibleVllmError, match="serves speculators"):
+    with pytest.raises(IncompatibleVllmError, match=r"is off here \(speculators 0.4.1 is outside >=0.3.0,<0.4\)"):
         init("1", context(applied=("runner-v1", "mrv2-rows"), spec="0.4.1"))
 
 
