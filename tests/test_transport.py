@@ -351,6 +351,46 @@ def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
     pool.release(seg)
 
 
+def test_results_dropped_in_a_reference_cycle_are_collected_without_holding_the_pool(shm):
+    """A caller that dropped its results in a reference cycle is not waited for: the pool runs the
+    collector once, with its lock released (the collector's finalizers free blocks; another thread
+    that needs the pool meanwhile gets it)."""
+    import gc
+    import threading
+
+    pool = pools.Pool()
+    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
+    nbytes = pools.layout([8], 3, 24, 2)[1]
+    limit = 2 * pools.SEGMENT_QUANTUM
+    held.pop()
+    gc.collect()  # one freed: from now on the pool waits for held results
+    cycle = [held.pop()]
+    cycle.append(cycle)  # dropped, but only the collector frees it
+    del cycle
+    seen = {}
+    real_collect = gc.collect
+
+    def collect(*args):
+        other = threading.Thread(target=lambda: seen.setdefault("held", pool.held_bytes()))
+        other.start()
+        other.join(timeout=5)  # would time out if the pool's lock were held across the collection
+        seen["joined"] = not other.is_alive()
+        return real_collect(*args)
+
+    gc.disable()
+    try:
+        import unittest.mock
+
+        with unittest.mock.patch.object(pools.gc, "collect", collect):
+            seg = pool.acquire(nbytes, limit)
+    finally:
+        gc.enable()
+    assert seen.get("joined") is True and "held" in seen
+    assert pool.waited_s < 0.5 and pool.held_bytes() == 2 * pools.SEGMENT_QUANTUM  # one held, this call's
+    pool.release(seg)
+    del held
+
+
 def test_results_of_a_large_call_still_held_do_not_make_smaller_calls_wait(shm):
     """The held-results limit counts calls as large as the largest so far: a caller that keeps
     one large call's results and goes on with small calls (freed at once) never waits."""

@@ -149,7 +149,11 @@ class Pool:
                 break  # nothing was ever freed: the caller keeps its results
             if not collected:  # results the caller dropped in a reference cycle wait for the collector
                 collected = True
-                gc.collect()
+                self._cond.release()  # its finalizers free blocks, which takes this lock (other threads too)
+                try:
+                    gc.collect()
+                finally:
+                    self._cond.acquire()
                 continue
             idle = time.monotonic() - self._last_free
             if idle >= STALL_S:
