@@ -72,5 +72,6 @@ def test_model_runner_v2_asked_for_needs_mrv2_rows_validated_on_the_release(tmp_
         assert rows["status"] == "applies" and rep["covered"] is True, rows
         return
     assert rows["status"] == "refused" and rep["covered"] is False, rows
-    assert "VLLM_USE_V2_MODEL_RUNNER asks for Model Runner V2: a step's rows are found by request id" in rows["reason"]
+    assert ("VLLM_USE_V2_MODEL_RUNNER asks for Model Runner V2 (without it the V1 runner runs): a step's rows are "
+            "found by request id") in rows["reason"], rows["reason"]
     assert "no validation run applied it on vLLM 0.33.0" in rows["reason"], rows["reason"]

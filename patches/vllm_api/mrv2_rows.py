@@ -52,7 +52,7 @@ def _judge(v1_present: bool, prepare: str | None) -> Probe:
     if v1_present and not asked_for():
         return Probe.old(f"{V1_RUNNER} exists and {VAR} does not ask for Model Runner V2: the V1 runner lays "
                          "rows out in the scheduler's order")
-    which = f"{VAR} asks for Model Runner V2" if v1_present else "Model Runner V2 only"
+    which = f"{VAR} asks for Model Runner V2 (without it the V1 runner runs)" if v1_present else "Model Runner V2 only"
     if not prepare:
         return Probe.unknown(f"{which}, and {MRV2}.GPUModelRunner.prepare_inputs is not found")
     missing = [u for u in USES if u not in prepare]

@@ -78,4 +78,4 @@ def test_mrv2_rows_where_both_runners_exist_follows_the_variable(monkeypatch, va
     assert mrv2.static_probe(View).shape is (Shape.OLD if v1_runs else Shape.NEW)
     if not v1_runs:  # vLLM 0.22 - 0.25: MRv2's InputBatch has no num_computed_tokens_np yet
         got = mrv2._judge(True, "InputBatch(req_ids=req_ids, query_start_loc_np=q)")
-        assert got.shape is Shape.UNKNOWN and got.evidence.startswith(f"{mrv2.VAR} asks for Model Runner V2, and ")
+        assert got.shape is Shape.UNKNOWN and got.evidence.startswith(f"{mrv2.VAR} asks for Model Runner V2 (without it the V1 runner runs), and ")
