@@ -64,10 +64,13 @@ def test_without_the_move_the_refusal_says_where_the_helpers_went(tmp_path):
 def test_model_runner_v2_asked_for_needs_mrv2_rows_validated_on_the_release(tmp_path):
     """0.33 ships both runners: with VLLM_USE_V2_MODEL_RUNNER=1 MRv2 runs, so mrv2-rows is needed,
     and its fields are in 0.33's MRv2; no validation run applied it on 0.33, so it is refused
-    (runner-v1 refuses the variable before the weights load). On 0.34 it is needed either way."""
+    (runner-v1 refuses the variable before the weights load). On 0.34 it is needed either way. The
+    self-check's reference is judged on MRv2's prompt log-probs code, as it runs."""
     rep = report(tmp_path, VLLM_USE_V2_MODEL_RUNNER="1")
     line = ".".join(rep["vllm"]["version"].split(".")[:2])
     rows = next(p for p in rep["patches"] if p["id"] == "mrv2-rows")
+    reference = next(p for p in rep["patches"] if p["id"] == "self-check-reference")
+    assert "Model Runner V2 finds a request's prompt rows" in reference["reason"], reference  # judged as MRv2 runs
     if line == "0.34":
         assert rows["status"] == "applies" and rep["covered"] is True, rows
         return

@@ -18,17 +18,19 @@ same on every rank: the logits are gathered over vLLM's TP group) and the gather
 few numbers per sequence (:mod:`.compare`). Nothing is recorded, and every
 hook returns at once, while no call is armed.
 
-Under Model Runner V2 (vLLM 0.34: the only runner) the rows are found as MRv2's prompt
-log-probs code finds them: by request id in the step's ``InputBatch`` (``req_ids``,
-``query_start_loc_np``, ``num_computed_tokens_np``, as noted by ``mrv2-rows``), and the last
-layer's rows of the checked sequences are cut after ``mrv2-rows`` put them in input order.
+Under Model Runner V2 (vLLM 0.34: the only runner; 0.26 - 0.33 with ``VLLM_USE_V2_MODEL_RUNNER=1``)
+the rows are found as MRv2's prompt log-probs code finds them: by request id in the step's
+``InputBatch`` (``req_ids``, ``query_start_loc_np``, ``num_computed_tokens_np``, as noted by
+``mrv2-rows``), and the last layer's rows of the checked sequences are cut after ``mrv2-rows`` put
+them in input order.
 
 Detection: vLLM's ``GPUModelRunner._get_prompt_logprobs_dict`` (the CPU runner inherits it)
 finds a request's rows with ``input_batch.req_id_to_index`` and ``query_start_loc.np`` and
-computes them with ``self.model.compute_logits``; or, with no V1 runner, MRv2's
-``PromptLogprobsWorker.compute_prompt_logprobs`` finds them at ``input_batch.query_start_loc_np``
-of ``input_batch.req_ids`` and the runner passes it ``self.model.compute_logits``; otherwise not
-needed (the self-check is off, and the driver says so once).
+computes them with ``self.model.compute_logits``; or, where MRv2 runs (no V1 runner, or
+``VLLM_USE_V2_MODEL_RUNNER`` asks for it), MRv2's ``PromptLogprobsWorker.compute_prompt_logprobs``
+finds them at ``input_batch.query_start_loc_np`` of ``input_batch.req_ids`` and the runner passes
+it ``self.model.compute_logits``; otherwise not needed (the self-check is off, and the driver says
+so once).
 
 A feature: left off where no validation run recorded it. Remove with ``self-check``.
 """
@@ -42,6 +44,7 @@ from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.core.targets import WORKER
 
 from ..._ranges import SPECULATORS_03
+from ...vllm_api._runners import asked_for
 from ...vllm_api.mrv2_rows import MRV2, step_rows
 from ...vllm_api.mrv2_rows import PATCH as MRV2_ROWS
 from ...vllm_api.v3 import find_base_model
@@ -83,7 +86,7 @@ def probe(module) -> Probe:
     import importlib.util
     import inspect
 
-    if importlib.util.find_spec(RUNNER) is None:  # Model Runner V2 only
+    if importlib.util.find_spec(RUNNER) is None or asked_for():  # Model Runner V2 runs
         prompt = importlib.import_module(MRV2_PROMPT).PromptLogprobsWorker.compute_prompt_logprobs
         runner = importlib.import_module(MRV2).GPUModelRunner
         return _judge_mrv2(inspect.getsource(prompt), inspect.getsource(runner))
@@ -94,7 +97,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if view.vllm.module_file(RUNNER) is None:
+    if view.vllm.module_file(RUNNER) is None or asked_for():
         return _judge_mrv2(view.vllm.source(MRV2_PROMPT, "PromptLogprobsWorker", "compute_prompt_logprobs"),
                            view.vllm.text(MRV2))
     return _judge(view.vllm.source(RUNNER, "GPUModelRunner", "_get_prompt_logprobs_dict"))
