@@ -223,8 +223,10 @@ def validation_run(results: dict) -> dict | None:
         return None
     v = results.get("versions", {})
     spec = v.get("speculators", "0")
+    from speculators_compat.patches.vllm_api._runners import asked_for
+
     notes = {}
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true", "yes", "on"):
+    if asked_for():
         notes["notes"] = "Model Runner V2 asked for (VLLM_USE_V2_MODEL_RUNNER=1) in every extraction"
     return {**notes,
         "date": time.strftime("%Y-%m-%d"), "env": "gpu-h200", "platform": "cuda",

@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402
+from speculators_compat.patches.vllm_api._runners import asked_for  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -153,7 +154,7 @@ V1_RUNNERS = ("vllm.v1.worker.gpu_model_runner.", "vllm.v1.worker.cpu_model_runn
 
 MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner."
 #: this run asks for Model Runner V2 on a release that has both runners (the extractions inherit it)
-MRV2_ASKED = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true", "yes", "on")
+MRV2_ASKED = asked_for()
 
 
 def mrv2_checks(report: dict) -> list[str]:
