@@ -45,6 +45,9 @@ pytest.importorskip("speculators")
 
 import matrix  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+from watch import Logged, cmdline, shm_names  # noqa: E402  (the multi-GPU watcher reads /proc the same way)
+
 # the full suite only (vLLM 0.16): each case starts vLLM, several times over
 pytestmark = matrix.suite_is("full")
 ENV = matrix.current()
@@ -138,7 +141,7 @@ def terminal_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-class Run:
+class Run(Logged):
     """One run in its own session: its output, its processes, the /dev/shm names they map."""
 
     def __init__(self, cmd, env, cwd, log: Path):
@@ -161,19 +164,6 @@ class Run:
                 self.first_seen[name] = time.monotonic()
                 self.shm.add(name)
             self._stop.wait(0.2)
-
-    def text(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def wait_for(self, pattern: str, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and self.proc.poll() is None:
-            if re.search(pattern, self.text()):
-                return True
-            time.sleep(0.1)
-        return bool(re.search(pattern, self.text()))
 
     def kill_group(self, sig=signal.SIGKILL) -> None:
         try:
@@ -224,26 +214,6 @@ def session_pids(sid: int) -> list[int]:
             except OSError:
                 continue
     return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100]
-    except OSError:
-        return "?"
-
-
-def shm_names(pids) -> set[str]:
-    names = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        for match in re.finditer(r"/dev/shm/(\S+)(?: \(deleted\))?$", maps, re.M):
-            if not match.group(0).endswith("(deleted)"):
-                names.add(match.group(1))
-    return names
 
 
 def samples(folder: Path) -> list[str]:

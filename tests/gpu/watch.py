@@ -141,7 +141,27 @@ def stop_all(signum=None, frame=None):
         sys.exit(128 + signum)
 
 
-class Run:
+class Logged:
+    """A process (``proc``) whose output goes to the file ``log`` (open) at ``log_path``, read back
+    while it runs."""
+
+    log_path: Path
+
+    def text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.proc.poll() is None:
+            if re.search(pattern, self.text()):
+                return True
+            time.sleep(0.1)
+        return bool(re.search(pattern, self.text()))
+
+
+class Run(Logged):
     """A command in its own session; samples its process tree (and the sessions in it), the
     /dev/shm names they map and, on CUDA, which GPU each session's processes hold."""
 
@@ -184,19 +204,6 @@ class Run:
                     self.gpu_peak[idx] = max(self.gpu_peak.get(idx, 0), used)
             n += 1
             self._stop.wait(0.2)
-
-    def text(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def wait_for(self, pattern: str, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and self.proc.poll() is None:
-            if re.search(pattern, self.text()):
-                return True
-            time.sleep(0.1)
-        return bool(re.search(pattern, self.text()))
 
     def finish(self, timeout: float) -> int:
         try:
