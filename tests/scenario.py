@@ -355,7 +355,20 @@ def main() -> int:
 
         if "self-check" not in hooks.applied_ids():
             return "not applied"
+        import wrapt
+
+        from speculators_compat.patches.features.datapath import self_check
+
         gen = holder["gen"]
+        calls_before = selfcheck.totals_of(gen).calls
+        early = []  # comparisons sent as soon as the rows were in place (not after the call)
+
+        def count_early(wrapped, instance, args, kwargs):
+            early.append(True)
+            return wrapped(*args, **kwargs)
+
+        sent = wrapt.FunctionWrapper(self_check.Early.send, count_early)
+        self_check.Early.send, unwrapped = sent, self_check.Early.send
         batch = mixed[:12]
         long = [i for i, ids in enumerate(batch) if len(ids) >= 2]
         hit = {"swap": long[:2], "shift": long[:1], "drop": [0]}
@@ -403,12 +416,15 @@ def main() -> int:
                 gen.layer_ids = layers
                 gen._setup_capture()
         finally:
+            self_check.Early.send = unwrapped
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
         out["totals"] = selfcheck.summary(gen)
+        out["compared"] = {"calls": selfcheck.totals_of(gen).calls - calls_before, "sent_early": len(early),
+                           "results_in_place": "results-in-place" in hooks.applied_ids()}
         return out
 
     def write():

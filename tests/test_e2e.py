@@ -216,8 +216,12 @@ def assert_self_check(report, tolerance=None):
         return value
     tol = tolerance or selfcheck.DEFAULT_TOLERANCE
     assert value["totals"]["failed"] and value["totals"]["calls"] >= 9
+    # through results-in-place every comparison is sent as soon as the rows are in place
+    compared = value["compared"]
+    assert compared["calls"] >= 9
+    assert compared["sent_early"] == (compared["calls"] if compared["results_in_place"] else 0), compared
     for key, got in value.items():
-        if key == "totals":
+        if key in ("totals", "compared"):
             continue
         assert got["correct_worst"] <= tol / 3, (key, got)  # correct rows: well below the threshold
         if got["faulted"]:
@@ -829,6 +833,17 @@ def test_runner_stops_at_a_self_check_mismatch_and_resumes_there(model, tmp_path
     assert {"self-check", "report"} <= set(runs[1]["patches"]["driver"])
     assert {"v3", "self-check-reference"} <= set(runs[1]["patches"]["workers"])
     assert set(runs[1]["versions"]) == {"vllm", "speculators", "torch", "transformers", "speculators_compat"}
+
+
+def test_the_installed_stock_generate_takes_tensors_of_token_ids():
+    """guard-input hands the stock generate() int64 tensors only where its source turns them into
+    what it makes of lists (``guard_input.TENSORS``): so it does in the installed speculators."""
+    from speculators_compat.check.sources import StaticView
+    from speculators_compat.core.targets import GENERATOR
+    from speculators_compat.patches.guards import guard_input
+
+    source = StaticView().speculators.source(GENERATOR, "VllmHiddenStatesGenerator", "generate")
+    assert source and all(s in " ".join(source.split()) for s in guard_input.TENSORS)
 
 
 def test_static_signatures_agree_with_the_imported_vllm():

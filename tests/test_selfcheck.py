@@ -304,3 +304,50 @@ def test_rows_in_results_blocks_reach_a_single_worker_by_reference(tmp_path, mon
     assert all(torch.equal(a, b) for a, b in zip(rows, compare._open_rows(shared)))
     selfcheck.unshare(shared)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_comparison_is_sent_when_the_rows_are_in_place_and_confirmed_to_be_the_callers(tmp_path, monkeypatch):
+    """``when_written``: the callback runs once, when the worker's reply is taken, with the blocks
+    the caller then gets (not for a later call); ``Early`` sends the comparison without waiting,
+    naming those blocks, and refuses a call whose caller holds other tensors."""
+    torch = pytest.importorskip("torch")
+    from speculators_compat.patches.features.datapath import pool as pools
+    from speculators_compat.patches.features.datapath import reply, segments, self_check, worker
+
+    monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(segments, "MARGIN", 0)
+    pool = pools.Pool()
+    lengths, hidden = [3, 6, 2], 8
+    _, nbytes = pools.layout(lengths, 2, hidden, 2)
+    seg = pool.acquire(nbytes, None)
+    plan = pool.plan(seg, lengths, 2, hidden, "bfloat16", 2)
+    worker.WorkerState().accept(plan)
+    pool.mapped(seg)
+    parallel = types.SimpleNamespace(world_size=1)
+    generator = types.SimpleNamespace(vllm_config=types.SimpleNamespace(parallel_config=parallel))
+
+    class Executor:
+        sent = []
+
+        def collective_rpc(self, method, args=(), non_block=False):
+            self.sent.append((method, args, non_block))
+            return "future"
+
+    early = self_check.Early(generator, Executor(), [0, 2], internal=False)
+    reply.when_written(generator, early.send)
+    transfer = reply.Transfer(plan, *pool.tensors(seg, plan), reply.take_written(generator))
+    assert reply.take_written(generator) == []  # registered for one call
+    generator.__dict__[reply.TRANSFER_ATTR] = transfer
+    assert early.future is None
+    layers = transfer.take(reply.Written(plan.id, plan.rows, [True, True]))
+    assert early.future == "future"
+    ((method, (rows,), non_block),) = Executor.sent
+    assert method is compare.check and non_block and isinstance(rows, selfcheck.SegmentRows)
+    assert [ref[1] for ref in rows.refs] == [plan.offsets[1][0], plan.offsets[1][2]]
+    starts = [0, 3, 9]
+    results = [{"hidden_states": [layer[a:a + n].clone() for layer in layers]} for a, n in zip(starts, lengths)]
+    early.confirm(results)  # the stock slicing hands out the very blocks
+    results[2]["hidden_states"][-1] = results[2]["hidden_states"][-1].clone()
+    with pytest.raises(SelfCheckError, match="sequence 2: the caller's last-layer tensor is not"):
+        early.confirm(results)
+    early.close()

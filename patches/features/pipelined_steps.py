@@ -11,8 +11,10 @@ executor sends ``execute_model`` and ``sample_tokens`` without waiting (``non_bl
 returns ``None`` (what the stock code ignores). At most ``IN_FLIGHT`` replies are left
 outstanding (vLLM's message queues hold 10): the oldest is awaited before another step is sent,
 and every outstanding reply is awaited -- its error raised -- before any other call reaches the
-workers (``collective_rpc``, e.g. the captured states at the end of the call), and before a step
-with no tokens. The workers run the steps in the order they were sent.
+workers (``collective_rpc``, e.g. the captured states at the end of the call). The workers run
+the steps in the order they were sent. A step with no tokens (the finished request ids that
+``v5`` sends after the call) is sent the same way: its reply is awaited by the next call's first
+message to the workers, so ``generate()`` returns without waiting for it.
 
 On an accelerator the workers also run vLLM's asynchronous scheduling
 (``SchedulerConfig(async_scheduling=True)``, which ``v5`` turns off): a worker launches the next
@@ -117,7 +119,7 @@ class PipelinedExecutor(wrapt.ObjectProxy):
             raise error
 
     def execute_model(self, scheduler_output, *args, **kwargs):
-        if args or kwargs or not scheduler_output.total_num_scheduled_tokens:
+        if args or kwargs:
             self.wait_steps()
             return self.__wrapped__.execute_model(scheduler_output, *args, **kwargs)
         self._self_send("execute_model", scheduler_output)

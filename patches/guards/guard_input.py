@@ -29,7 +29,10 @@ How: the generator's ``__init__`` and ``generate`` are wrapped:
   outside the vocabulary or a tensor that is not a 2-D integer tensor raise
   ``InvalidInputError`` naming the sequence, before any request reaches vLLM (a bad token id
   would otherwise crash a worker). A sequence longer than ``max_model_len - 1`` is truncated as
-  the stock code does, with a warning that names the sequence and both lengths.
+  the stock code does, with a warning that names the sequence and both lengths. The stock code
+  gets each sequence as a new 1-D int64 tensor (``TENSORS``: it takes a tensor's list for the
+  request, and its ``torch.as_tensor`` of the result's ``input_ids`` is then the tensor itself,
+  not a conversion of 1,000s of Python ints per sequence), else as a new list of ints.
 * If the stock ``generate`` fails half-way, every request it left in the scheduler is
   aborted, the workers are told, and the capture buffer is reset, so the next call starts
   clean; the original error is re-raised.
@@ -74,14 +77,21 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _sequence(i, seq, torch):
+def _array_kind(i, seq, torch) -> bool:
+    """``seq`` is a tensor or a numpy array (``InvalidInputError`` unless 1-D of integers), else False."""
     if torch is not None and isinstance(seq, torch.Tensor):
         if seq.ndim != 1 or seq.is_floating_point() or seq.is_complex() or seq.dtype == torch.bool:
             raise InvalidInputError(f"sequence {i}: expected a 1-D integer tensor, got {seq.dtype} of shape {tuple(seq.shape)}")
-        return seq.tolist()
+        return True
     if hasattr(seq, "tolist") and hasattr(seq, "dtype"):  # numpy arrays
         if getattr(seq.dtype, "kind", "") not in "iu" or getattr(seq, "ndim", 1) != 1:
             raise InvalidInputError(f"sequence {i}: expected a 1-D integer array, got dtype {seq.dtype}")
+        return True
+    return False
+
+
+def _sequence(i, seq, torch):
+    if _array_kind(i, seq, torch):
         return seq.tolist()
     if not isinstance(seq, (list, tuple)):
         raise InvalidInputError(f"sequence {i}: expected a list of token ids, got {type(seq).__name__}")
@@ -95,8 +105,27 @@ def _sequence(i, seq, torch):
     return [int(t) for t in seq]
 
 
-def normalize(token_ids, vocab_size: int, max_len: int) -> list[list[int]]:
-    """Validate ``token_ids`` and return them as a list of lists of ints."""
+def _as_tensor(i, seq, torch, max_len: int):
+    """Sequence ``i`` as a new 1-D int64 CPU tensor of at most ``max_len`` ids (its own memory),
+    with its lowest and highest id (``None``: empty) and its length before the cut."""
+    if torch is not None and isinstance(seq, torch.Tensor) and _array_kind(i, seq, torch):
+        out = seq.detach()[:max_len].to(device="cpu", dtype=torch.int64, copy=True)
+        return out, ((int(out.min()), int(out.max())) if out.numel() else None), int(seq.shape[0])
+    import numpy as np
+
+    plain = isinstance(seq, (list, tuple)) and set(map(type, seq)) <= _PLAIN_INT
+    ids = seq if plain or _array_kind(i, seq, torch) else _sequence(i, seq, torch)
+    try:
+        arr = np.array(ids[:max_len], dtype=np.int64)
+    except OverflowError:  # an id beyond int64: outside any vocabulary, named as for a list
+        ids = _sequence(i, seq, torch)
+        return None, (min(ids), max(ids)), len(ids)
+    return torch.from_numpy(arr), ((int(arr.min()), int(arr.max())) if arr.size else None), len(ids)
+
+
+def normalize(token_ids, vocab_size: int, max_len: int, tensors: bool = False) -> list:
+    """Validate ``token_ids`` and return them as a list of lists of ints; with ``tensors`` (torch
+    imported) as a list of new 1-D int64 CPU tensors, each cut to ``max_len``."""
     torch = _torch()
     if torch is not None and isinstance(token_ids, torch.Tensor):
         if token_ids.ndim != 2:
@@ -106,19 +135,24 @@ def normalize(token_ids, vocab_size: int, max_len: int) -> list[list[int]]:
         raise InvalidInputError(f"token_ids must be a list of sequences or a 2-D tensor, got {type(token_ids).__name__}")
     if len(token_ids) == 0:
         raise InvalidInputError("token_ids is an empty batch: give at least one sequence")
+    tensors = tensors and torch is not None
     out = []
     for i, seq in enumerate(token_ids):
-        ids = _sequence(i, seq, torch)
-        if not ids:
+        if tensors:
+            ids, low_high, n = _as_tensor(i, seq, torch, max_len)
+        else:
+            ids = _sequence(i, seq, torch)
+            low_high, n = ((min(ids), max(ids)) if ids else None), len(ids)
+        if low_high is None:
             raise InvalidInputError(f"sequence {i} is empty: every sequence needs at least one token")
-        low, high = min(ids), max(ids)
+        low, high = low_high
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
             raise InvalidInputError(f"sequence {i}: token id {bad} outside the vocabulary [0, {vocab_size - 1}]")
-        if len(ids) > max_len:
+        if n > max_len:
             log.warning(
                 "sequence %d has %d tokens, more than max_model_len - 1 = %d: truncated to %d tokens",
-                i, len(ids), max_len, max_len,
+                i, n, max_len, max_len,
             )
         out.append(ids)
     return out
@@ -391,13 +425,37 @@ def recover(generator) -> None:
     log.info("recovered after a failed generate(): aborted %d request(s)", len(left))
 
 
+#: what the stock ``generate`` must do for int64 tensors to stand in for lists of token ids:
+#: take a tensor's list for the request, and build each result's ``input_ids`` with
+#: ``torch.as_tensor`` (which returns an int64 tensor itself)
+TENSORS = ("ids.tolist() if isinstance(ids, torch.Tensor) else ids",
+           "torch.as_tensor(input_ids_list[i], dtype=torch.long)")
+
+
+def takes_tensors(generate) -> bool:
+    """The stock ``generate`` turns each sequence into the forms above (:data:`TENSORS`)."""
+    try:
+        flat = " ".join(source_of(generate).split())
+    except (OSError, TypeError):
+        return False
+    return all(s in flat for s in TENSORS)
+
+
+#: generator class -> whether its stock ``generate`` takes tensors (read once per class)
+_takes_tensors: dict = {}
+
+
 def _generate(wrapped, instance, args, kwargs):
     if "token_ids" in kwargs:
         token_ids, rest = kwargs.pop("token_ids"), args
     else:
         token_ids, rest = args[0], args[1:]
+    cls = type(instance)
+    tensors = _takes_tensors.get(cls)
+    if tensors is None:
+        tensors = _takes_tensors[cls] = takes_tensors(cls.generate)
     config = instance.vllm_config.model_config
-    ids = normalize(token_ids, config.get_vocab_size(), config.max_model_len - 1)
+    ids = normalize(token_ids, config.get_vocab_size(), config.max_model_len - 1, tensors)
     try:
         return wrapped(ids, *rest, **kwargs)
     except Exception:

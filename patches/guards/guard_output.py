@@ -61,6 +61,8 @@ def check(generator, inputs, results) -> None:
 def _same_ids(torch, got, want) -> bool:
     """``got`` (a 1-D tensor) holds the token ids ``want`` (a 1-D tensor or a list of ints)."""
     if isinstance(want, torch.Tensor):
+        if got.dtype == want.dtype and got.data_ptr() == want.data_ptr() and got.shape == want.shape:
+            return True  # the same memory (the stock code's input_ids is the tensor guard-input gave it)
         return torch.equal(got, want.to(device=got.device, dtype=got.dtype))
     return got.tolist() == want  # a list compared at C speed, no tensor built from it
 

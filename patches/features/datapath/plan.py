@@ -34,6 +34,23 @@ class Plan:
         return sum(self.lengths)
 
 
+def call_lengths(generator, token_ids) -> list[int] | None:
+    """Rows per sequence of a call, as the stock code cuts them (``max_model_len - 1`` at most);
+    ``None`` where the input is not a batch of non-empty sequences (the call is the stock code's)."""
+    if token_ids is None:
+        return None
+    if hasattr(token_ids, "tolist") and hasattr(token_ids, "dim"):
+        if token_ids.dim() != 2:
+            return None
+        token_ids = token_ids.tolist()
+    try:
+        max_len = generator.vllm_config.model_config.max_model_len - 1
+        lengths = [min(len(ids), max_len) for ids in token_ids]
+    except TypeError:
+        return None
+    return lengths if lengths and all(n > 0 for n in lengths) else None
+
+
 def layout(lengths: list[int], layers: int, hidden: int, size: int) -> tuple[list[list[int]], int]:
     """Byte offsets ``[layer][seq]`` of each block (``size``: bytes per value), layer-major, each
     layer's blocks back to back, and the bytes they span."""

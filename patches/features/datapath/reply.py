@@ -8,8 +8,10 @@ its executor (:class:`CallExecutor`) for the call; when ``collective_rpc`` retur
 tensor over the layer's rows in the driver's segment). The stock ``h[a:b].clone()`` of a
 sequence's rows then gets the sequence's block tensor itself (it owns exactly its bytes), with no
 copy. ``guard-output`` and ``self-check`` read the same call's :class:`Transfer` afterwards (which
-blocks the worker found finite; where a block lies in the segments). Nothing here imports torch
-at import time.
+blocks the worker found finite; where a block lies in the segments); a patch that needs the rows
+as soon as they are in place (``self-check`` sends its comparison then, so the workers compare
+while the driver hands the results out) registers with :func:`when_written`. Nothing here imports
+torch at import time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from speculators_compat.core.replies import Deferred
 TRANSFER_ATTR = "_speculators_compat_transfer"
 #: the stock method whose reply :class:`CallExecutor` converts
 METHOD = "_get_captured_states"
+#: attribute of the generator holding the callables its next call runs once its rows are in place
+WRITTEN_ATTR = "_speculators_compat_when_written"
 
 
 class Written(Deferred):
@@ -49,8 +53,9 @@ class Transfer:
     until the reply is taken, then what the worker reported (``rows``, ``finite``) and where its
     blocks lie (by address: the transfer keeps no tensor once the call is over)."""
 
-    def __init__(self, plan, layers: list, blocks: list[list]) -> None:
+    def __init__(self, plan, layers: list, blocks: list[list], on_written=()) -> None:
         self.plan, self._layers, self._blocks = plan, layers, blocks
+        self._on_written = list(on_written)  # see :func:`when_written`
         self.rows: int | None = None  # rows the worker copied (None: no reply yet)
         self.finite: list[bool] | None = None  # per layer: no inf/nan in any row
         #: ``{data_ptr: (shape, segment id, byte offset)}`` of every block handed out
@@ -77,6 +82,9 @@ class Transfer:
                 self._places[t.data_ptr()] = (tuple(t.shape), plan.segment, off)
                 if self.finite and self.finite[j]:
                     self._finite_ptrs.add(t.data_ptr())
+        callbacks, self._on_written = self._on_written, []
+        for callback in callbacks:
+            callback(blocks)
         layer_rows = tensor_types()[0]
         return [layer_rows.over(layer, starts, plan.lengths, blocks[j]) for j, layer in enumerate(layers)]
 
@@ -95,6 +103,21 @@ class Transfer:
         if place is None or place[0] != tuple(tensor.shape) or not tensor.is_contiguous():
             return None
         return place[1], place[2]
+
+
+def when_written(generator, callback) -> None:
+    """Have ``callback(blocks)`` run once the rows of ``generator``'s next call lie in the driver's
+    segment: when the worker's reply is taken, before the stock code reads it. ``blocks[layer][seq]``
+    are the tensors the caller will hold (each sequence's block, in input order, the layers as the
+    reply lists them), and the call's :class:`Transfer` already locates them. Runs only where the
+    call's rows go through the segments; an error it raises is the call's. Registered for one
+    call: ``results-in-place`` takes what is registered when the call starts."""
+    generator.__dict__.setdefault(WRITTEN_ATTR, []).append(callback)
+
+
+def take_written(generator) -> list:
+    """What :func:`when_written` registered for the call that starts (and no later one)."""
+    return generator.__dict__.pop(WRITTEN_ATTR, None) or []
 
 
 def transfer_of(generator) -> Transfer | None:

@@ -47,7 +47,8 @@ from speculators_compat.core.targets import GENERATOR
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
 from . import pool as pools
-from .reply import TRANSFER_ATTR, CallExecutor, Transfer
+from .plan import call_lengths
+from .reply import TRANSFER_ATTR, CallExecutor, Transfer, take_written
 from .segments import itemsize as itemsize_of
 from .worker import accept_plan
 
@@ -91,26 +92,11 @@ def static_probe(view) -> Probe:
                                                             "MultiprocExecutor", "collective_rpc"))
 
 
-def _lengths(generator, token_ids) -> list[int] | None:
-    """Rows per sequence as the stock code will cut them (None: leave the call to the stock code)."""
-    if token_ids is None:
-        return None
-    if hasattr(token_ids, "tolist") and hasattr(token_ids, "dim"):
-        if token_ids.dim() != 2:
-            return None
-        token_ids = token_ids.tolist()
-    try:
-        max_len = generator.vllm_config.model_config.max_model_len - 1
-        lengths = [min(len(ids), max_len) for ids in token_ids]
-    except TypeError:
-        return None
-    return lengths if lengths and all(n > 0 for n in lengths) else None
-
-
 def _generate(wrapped, instance, args, kwargs):
     instance.__dict__.pop(TRANSFER_ATTR, None)  # the previous call's: never read for this one
+    on_written = take_written(instance)  # this call's, whatever happens to it
     token_ids = kwargs["token_ids"] if "token_ids" in kwargs else (args[0] if args else None)
-    lengths = _lengths(instance, token_ids)
+    lengths = call_lengths(instance, token_ids)
     executor = getattr(instance, "executor", None)
     if lengths is None or executor is None:
         return wrapped(*args, **kwargs)
@@ -136,7 +122,7 @@ def _generate(wrapped, instance, args, kwargs):
         if not (isinstance(taken, list) and taken and taken[0] is True):
             return wrapped(*args, **kwargs)
         pool.mapped(seg)
-        transfer = instance.__dict__[TRANSFER_ATTR] = Transfer(plan, *pool.tensors(seg, plan))
+        transfer = instance.__dict__[TRANSFER_ATTR] = Transfer(plan, *pool.tensors(seg, plan), on_written)
         instance.executor = CallExecutor(executor, transfer)  # the stock code's executor for this call
         try:
             results = wrapped(*args, **kwargs)

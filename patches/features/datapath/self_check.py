@@ -8,12 +8,16 @@ quantization or a kernel no test ran.
 How: ``VllmHiddenStatesGenerator.generate`` is wrapped. For a sample of the call's sequences
 (``SPECULATORS_COMPAT_SELF_CHECK``, default 1 per call; ``0``: off; ``all``) the workers are
 armed with their stock request ids before the stock code runs; the workers'
-``self-check-reference`` records vLLM's own final hidden states of those requests. After the
-call, the rows the caller got for the last decoder layer reach the workers: on one worker, where
-they lie in ``results-in-place`` blocks, by reference (the worker reads the very bytes the caller
-holds); else through one shared-memory file. Each worker puts them through the model's own final
-norm and ``compute_logits`` (vocabulary-parallel, gathered over vLLM's TP group) and compares the
-next-token log-probs with those of vLLM's own states, position by position
+``self-check-reference`` records vLLM's own final hidden states of those requests. The rows the
+caller gets for the last decoder layer reach the workers: on one worker, where they lie in
+``results-in-place`` blocks, by reference (the worker reads the very bytes the caller holds);
+else through one shared-memory file. Where the rows go through those blocks, the comparison is
+sent as soon as the worker's reply is in, without waiting for it (the workers compare while the
+driver hands the results out), and after the call each checked sequence's tensor is confirmed to
+be the block that was compared; else it is sent after the call. Each worker puts the rows
+through the model's own final norm and ``compute_logits`` (vocabulary-parallel, gathered over
+vLLM's TP group) and compares the next-token log-probs with those of vLLM's own states, position
+by position
 (:mod:`.compare`: the measure, and what comes back -- a few numbers per
 sequence). Where the caller's layers lack the last one, the workers capture it for the checked
 sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
@@ -34,6 +38,7 @@ longer supported.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -44,7 +49,8 @@ from speculators_compat.core.targets import GENERATOR
 
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
-from . import checking, compare
+from . import checking, compare, reply
+from .plan import call_lengths
 from .results_in_place import CALLABLE, _rpc_source
 
 log = logging.getLogger("speculators_compat")
@@ -75,27 +81,49 @@ def static_probe(view) -> Probe:
                                                             "MultiprocExecutor", "collective_rpc"))
 
 
-def _inputs(generator, token_ids) -> list[list[int]] | None:
-    """The call's sequences as the stock code will submit them (``None``: leave the call alone)."""
-    if token_ids is None:
-        return None
-    if hasattr(token_ids, "tolist") and hasattr(token_ids, "dim"):
-        if token_ids.dim() != 2:
-            return None
-        token_ids = token_ids.tolist()
-    try:
-        max_len = generator.vllm_config.model_config.max_model_len - 1
-        seqs = [list(ids.tolist() if hasattr(ids, "tolist") else ids)[:max_len] for ids in token_ids]
-    except TypeError:
-        return None
-    return seqs if seqs and all(seqs) else None
+class Early:
+    """The comparison of one call, sent without waiting as soon as the worker's rows are in the
+    caller's ``results-in-place`` blocks (:func:`.reply.when_written`): the workers compare while
+    the driver hands the results out. :meth:`confirm` then proves that each checked sequence's
+    tensor is the block that was compared."""
+
+    def __init__(self, generator, executor, checked: list[int], internal: bool) -> None:
+        self.generator, self.executor, self.checked, self.internal = generator, executor, checked, internal
+        self.future = None  # vLLM's future of the workers' comparison (None: not sent)
+        self.rows = None  # what the workers were given (a shared-memory file is removed by close())
+        self.compared: list[tuple] = []  # per checked sequence: (address, shape) of the block compared
+        self.seconds = 0.0
+
+    def send(self, blocks: list[list]) -> None:
+        t0 = time.perf_counter()
+        last = [blocks[-1][i] for i in self.checked]
+        self.compared = [(t.data_ptr(), tuple(t.shape)) for t in last]
+        self.rows = None if self.internal else checking.rows_for_workers(self.generator, last)
+        self.future = self.executor.collective_rpc(compare.check, args=(self.rows,), non_block=True)
+        self.seconds += time.perf_counter() - t0
+
+    def confirm(self, results: list) -> None:
+        """Each checked sequence's last-layer tensor in ``results`` is the block compared, else
+        :class:`SelfCheckError` (the comparison would not be of the rows the caller holds)."""
+        if self.internal:
+            return  # the workers compared their own capture of the last layer, cut as the stock code cuts
+        for (ptr, shape), i in zip(self.compared, self.checked):
+            got = results[i]["hidden_states"][-1]
+            if got.data_ptr() != ptr or tuple(got.shape) != shape:
+                raise SelfCheckError(f"self-check: sequence {i}: the caller's last-layer tensor is not the "
+                                     "results-in-place block the workers compared (the stock generate() handed "
+                                     "out other tensors); nothing of this call should be saved")
+
+    def close(self) -> None:
+        checking.unshare(self.rows)
+        self.rows = None
 
 
 def _generate(wrapped, instance, args, kwargs):
     token_ids = kwargs["token_ids"] if "token_ids" in kwargs else (args[0] if args else None)
     totals = checking.totals_of(instance)
     executor = getattr(instance, "executor", None)
-    seqs = _inputs(instance, token_ids)
+    lengths = call_lengths(instance, token_ids)
     per_call = checking.sequences_per_call()
     full = checking.full_calls()
     if full and per_call == 0:
@@ -103,19 +131,16 @@ def _generate(wrapped, instance, args, kwargs):
 
         raise InvalidInputError(f"SPECULATORS_COMPAT_UNVALIDATED=self-check needs the self-check, which "
                                 f"{checking.SELF_CHECK_ENV}=0 turns off")
-    if not seqs or executor is None or totals.off:
+    if not lengths or executor is None or totals.off:
         return wrapped(*args, **kwargs)
     call = totals.seen
     totals.seen += 1
-    checked = checking.sample(len(seqs), call, per_call, full)
+    checked = checking.sample(len(lengths), call, per_call, full)
     if not checked:
         return wrapped(*args, **kwargs)
-    starts, at = [], 0
-    for ids in seqs:
-        starts.append(at)
-        at += len(ids)
+    starts = list(itertools.accumulate([0] + lengths[:-1]))
     counter = instance._request_counter
-    plan = checking.Plan({f"req_{counter}_{i}": (i, len(seqs[i]), starts[i]) for i in checked})
+    plan = checking.Plan({f"req_{counter}_{i}": (i, lengths[i], starts[i]) for i in checked})
     t0 = time.perf_counter()
     replies = executor.collective_rpc(compare.arm, args=(plan,))
     totals.seconds += time.perf_counter() - t0
@@ -131,24 +156,32 @@ def _generate(wrapped, instance, args, kwargs):
         log.warning("self-check: off, %s", totals.off)
         return wrapped(*args, **kwargs)
     internal = bool(replies[0]["internal"])
+    early = Early(instance, executor, checked, internal)
+    reply.when_written(instance, early.send)
     done = False
     try:
         results = wrapped(*args, **kwargs)
         t0 = time.perf_counter()
-        rows = None if internal else checking.rows_for_workers(instance, [results[i]["hidden_states"][-1]
-                                                                          for i in checked])
-        try:
-            replies = executor.collective_rpc(compare.check, args=(rows,))
-        finally:
-            checking.unshare(rows)
+        if early.future is not None:
+            early.confirm(results)
+            replies = early.future.result()
+        else:
+            rows = None if internal else checking.rows_for_workers(instance, [results[i]["hidden_states"][-1]
+                                                                              for i in checked])
+            try:
+                replies = executor.collective_rpc(compare.check, args=(rows,))
+            finally:
+                checking.unshare(rows)
         done = True
     finally:
+        reply.take_written(instance)  # not run (the rows did not go through the segments): not for the next call
         if not done and not getattr(lifecycle.real_executor(executor), "is_failed", False):
-            try:  # the workers stop recording; the call's own error is what the caller must see
-                executor.collective_rpc(compare.arm, args=(None,))
+            try:  # the workers stop recording (and have taken a comparison sent early); the call's own error
+                executor.collective_rpc(compare.arm, args=(None,))  # is what the caller must see
             except Exception as exc:
                 log.debug("self-check: could not disarm the workers: %s: %s", type(exc).__name__, exc)
-    totals.seconds += time.perf_counter() - t0
+        early.close()
+    totals.seconds += time.perf_counter() - t0 + early.seconds
     found = next((r for r in replies if r is not None), None)
     if found is None:
         raise SelfCheckError("self-check: no worker returned the comparison")

@@ -78,10 +78,17 @@ def test_a_step_error_is_raised_before_the_next_call_reaches_the_workers():
     assert not ex._self_pending  # every reply was taken off the queue
 
 
-def test_an_idle_step_waits_for_the_sent_ones_and_runs_blocking():
+def test_an_idle_step_is_sent_without_waiting_and_awaited_by_the_next_call():
+    """The finished ids after a call (a step with no tokens): sent like a step, in order after
+    the steps; generate() does not wait for it, the next message to the workers does."""
     real = Executor()
     ex = pipelined_steps.PipelinedExecutor(real)
     ex.execute_model(Output(8))
-    real.futures[0].set_result(None)
-    assert ex.execute_model(Output(0)) == "execute_model reply"
-    assert real.sent[-1] == ("execute_model", real.sent[-1][1], False)
+    assert ex.execute_model(Output(0)) is None
+    assert [(s[0], s[1].total_num_scheduled_tokens, s[2]) for s in real.sent] == [
+        ("execute_model", 8, True), ("execute_model", 0, True)]
+    assert len(ex._self_pending) == 2
+    for f in real.futures:
+        f.set_result(None)
+    assert ex.collective_rpc("arm") == ["arm"]
+    assert not ex._self_pending

@@ -309,6 +309,64 @@ def test_a_large_batch_is_checked_whole():
         guard_input.normalize(batch, 31000, 2047)
 
 
+def test_the_stock_code_gets_new_int64_tensors_cut_to_the_length(caplog):
+    """With ``tensors``: each sequence (list, tuple, numpy array, tensor, a row of a 2-D tensor)
+    as a new 1-D int64 CPU tensor holding the same ids, cut to ``max_len`` with the warning, never
+    the caller's memory."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    given = torch.tensor([[5, 6, 7], [1, 2, 3]], dtype=torch.int32)
+    seqs = [[1, 2, 3], (4, 5), np.array([7, 8], dtype=np.int16), given[1], [Token.A, 1], list(range(9))]
+    with caplog.at_level("WARNING", logger="speculators_compat"):
+        out = guard_input.normalize(seqs, 10, 6, tensors=True)
+    assert [t.tolist() for t in out] == [[1, 2, 3], [4, 5], [7, 8], [1, 2, 3], [3, 1], [0, 1, 2, 3, 4, 5]]
+    assert all(isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.dim() == 1 and t.device.type == "cpu"
+               and t.is_contiguous() and t.untyped_storage().nbytes() == 8 * t.numel() for t in out)
+    assert "sequence 5 has 9 tokens, more than max_model_len - 1 = 6: truncated to 6" in caplog.text
+    whole = guard_input.normalize(given.long(), 10, 6, tensors=True)
+    whole[0][0] = 9
+    assert given[0, 0] == 5 and torch.as_tensor(whole[1], dtype=torch.long) is whole[1]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([[1], []], "sequence 1 is empty"),
+    ([[1, 2.5]], "token 2.5 (float) is not an integer"),
+    ([[1, True]], "token True (bool) is not an integer"),
+    ([[1, 10]], "token id 10 outside the vocabulary [0, 9]"),
+    ([[-1, 2]], "token id -1 outside the vocabulary"),
+    ([[1, 2**70]], f"token id {2**70} outside the vocabulary"),
+    ([5], "sequence 0: expected a list of token ids, got int"),
+])
+def test_bad_input_is_named_the_same_for_tensors(bad, message):
+    pytest.importorskip("torch")
+    with pytest.raises(InvalidInputError) as err:
+        guard_input.normalize(bad, 10, 100, tensors=True)
+    assert message in str(err.value)
+
+
+def test_bad_tensors_are_named():
+    torch = pytest.importorskip("torch")
+    for bad, message in [([torch.tensor([1.0, 2.0])], "sequence 0: expected a 1-D integer tensor, got torch.float32"),
+                         ([torch.tensor(3)], "expected a 1-D integer tensor"), ([torch.tensor([], dtype=torch.long)],
+                                                                                  "sequence 0 is empty")]:
+        with pytest.raises(InvalidInputError, match=re.escape(message)):
+            guard_input.normalize(bad, 10, 100, tensors=True)
+
+
+def test_the_tensor_form_is_used_only_where_the_stock_code_takes_it():
+    def stock(self, token_ids):
+        for i, ids in enumerate(token_ids):
+            ids_list = ids.tolist() if isinstance(ids, torch.Tensor) else ids  # noqa: F821,F841
+        input_ids_tensor = torch.as_tensor(input_ids_list[i], dtype=torch.long)  # noqa: F821,F841
+
+    def other(self, token_ids):
+        return [list(ids) for ids in token_ids]
+
+    assert guard_input.takes_tensors(stock) and not guard_input.takes_tensors(other)
+    assert not guard_input.takes_tensors(len)  # no source: lists, as ever
+
+
 def test_no_torch_needed_for_lists():
     if "torch" in sys.modules:
         pytest.skip("torch is imported in this process")
