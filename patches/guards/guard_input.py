@@ -48,10 +48,8 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import numbers
 import os
 import re
-import sys
 
 from speculators_compat.errors import InvalidInputError
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
@@ -60,102 +58,10 @@ from speculators_compat.core.targets import GENERATOR
 from .._idle_output import forget_idle
 from .._probes import generator_members, generator_methods, source_of
 from .._ranges import SPECULATORS_ALL
+from ._token_ids import TENSORS, normalize, takes_tensors  # noqa: F401 (TENSORS: guard-input's own)
+from ._token_ids import is_int as _is_int
 
 log = logging.getLogger("speculators_compat")
-
-
-#: the type of a plain token id (``set(map(type, seq))`` of a valid list is this, or empty)
-_PLAIN_INT = frozenset({int})
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _torch():
-    """torch if it is imported (a tensor can only come from an imported torch), else None."""
-    return sys.modules.get("torch")
-
-
-def _array_kind(i, seq, torch) -> bool:
-    """``seq`` is a tensor or a numpy array (``InvalidInputError`` unless 1-D of integers), else False."""
-    if torch is not None and isinstance(seq, torch.Tensor):
-        if seq.ndim != 1 or seq.is_floating_point() or seq.is_complex() or seq.dtype == torch.bool:
-            raise InvalidInputError(f"sequence {i}: expected a 1-D integer tensor, got {seq.dtype} of shape {tuple(seq.shape)}")
-        return True
-    if hasattr(seq, "tolist") and hasattr(seq, "dtype"):  # numpy arrays
-        if getattr(seq.dtype, "kind", "") not in "iu" or getattr(seq, "ndim", 1) != 1:
-            raise InvalidInputError(f"sequence {i}: expected a 1-D integer array, got dtype {seq.dtype}")
-        return True
-    return False
-
-
-def _sequence(i, seq, torch):
-    if _array_kind(i, seq, torch):
-        return seq.tolist()
-    if not isinstance(seq, (list, tuple)):
-        raise InvalidInputError(f"sequence {i}: expected a list of token ids, got {type(seq).__name__}")
-    # the common case first, at C speed: every token exactly an int (a bool or a numpy integer
-    # is a different type, and is judged one by one below)
-    if set(map(type, seq)) <= _PLAIN_INT:
-        return list(seq)
-    if not all(_is_int(t) for t in seq):
-        bad = next(t for t in seq if not _is_int(t))
-        raise InvalidInputError(f"sequence {i}: token {bad!r} ({type(bad).__name__}) is not an integer token id")
-    return [int(t) for t in seq]
-
-
-def _as_tensor(i, seq, torch, max_len: int):
-    """Sequence ``i`` as a new 1-D int64 CPU tensor of at most ``max_len`` ids (its own memory),
-    with its lowest and highest id (``None``: empty) and its length before the cut."""
-    if torch is not None and isinstance(seq, torch.Tensor) and _array_kind(i, seq, torch):
-        out = seq.detach()[:max_len].to(device="cpu", dtype=torch.int64, copy=True)
-        return out, ((int(out.min()), int(out.max())) if out.numel() else None), int(seq.shape[0])
-    import numpy as np
-
-    plain = isinstance(seq, (list, tuple)) and set(map(type, seq)) <= _PLAIN_INT
-    ids = seq if plain or _array_kind(i, seq, torch) else _sequence(i, seq, torch)
-    try:
-        arr = np.array(ids[:max_len], dtype=np.int64)
-    except OverflowError:  # an id beyond int64: outside any vocabulary, named as for a list
-        ids = _sequence(i, seq, torch)
-        return None, (min(ids), max(ids)), len(ids)
-    return torch.from_numpy(arr), ((int(arr.min()), int(arr.max())) if arr.size else None), len(ids)
-
-
-def normalize(token_ids, vocab_size: int, max_len: int, tensors: bool = False) -> list:
-    """Validate ``token_ids`` and return them as a list of lists of ints; with ``tensors`` (torch
-    imported) as a list of new 1-D int64 CPU tensors, each cut to ``max_len``."""
-    torch = _torch()
-    if torch is not None and isinstance(token_ids, torch.Tensor):
-        if token_ids.ndim != 2:
-            raise InvalidInputError(f"token_ids tensor must be 2-D [batch, seq_len], got shape {tuple(token_ids.shape)}")
-        token_ids = list(token_ids)
-    elif not isinstance(token_ids, (list, tuple)):
-        raise InvalidInputError(f"token_ids must be a list of sequences or a 2-D tensor, got {type(token_ids).__name__}")
-    if len(token_ids) == 0:
-        raise InvalidInputError("token_ids is an empty batch: give at least one sequence")
-    tensors = tensors and torch is not None
-    out = []
-    for i, seq in enumerate(token_ids):
-        if tensors:
-            ids, low_high, n = _as_tensor(i, seq, torch, max_len)
-        else:
-            ids = _sequence(i, seq, torch)
-            low_high, n = ((min(ids), max(ids)) if ids else None), len(ids)
-        if low_high is None:
-            raise InvalidInputError(f"sequence {i} is empty: every sequence needs at least one token")
-        low, high = low_high
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            raise InvalidInputError(f"sequence {i}: token id {bad} outside the vocabulary [0, {vocab_size - 1}]")
-        if n > max_len:
-            log.warning(
-                "sequence %d has %d tokens, more than max_model_len - 1 = %d: truncated to %d tokens",
-                i, n, max_len, max_len,
-            )
-        out.append(ids)
-    return out
 
 
 # -- the constructor: model path and layer ids -------------------------------------------------
@@ -423,22 +329,6 @@ def recover(generator) -> None:
         generator.executor.execute_model(out)
     generator.executor.collective_rpc("_reset_capture")
     log.info("recovered after a failed generate(): aborted %d request(s)", len(left))
-
-
-#: what the stock ``generate`` must do for int64 tensors to stand in for lists of token ids:
-#: take a tensor's list for the request, and build each result's ``input_ids`` with
-#: ``torch.as_tensor`` (which returns an int64 tensor itself)
-TENSORS = ("ids.tolist() if isinstance(ids, torch.Tensor) else ids",
-           "torch.as_tensor(input_ids_list[i], dtype=torch.long)")
-
-
-def takes_tensors(generate) -> bool:
-    """The stock ``generate`` turns each sequence into the forms above (:data:`TENSORS`)."""
-    try:
-        flat = " ".join(source_of(generate).split())
-    except (OSError, TypeError):
-        return False
-    return all(s in flat for s in TENSORS)
 
 
 #: generator class -> whether its stock ``generate`` takes tensors (read once per class)
