@@ -46,7 +46,7 @@ pytest.importorskip("speculators")
 import matrix  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-from watch import Logged, cmdline, shm_names  # noqa: E402  (the multi-GPU watcher reads /proc the same way)
+from watch import Logged, all_pids, cmdline, shm_names  # noqa: E402  (the multi-GPU watcher reads /proc the same way)
 
 # the full suite only (vLLM 0.16): each case starts vLLM, several times over
 pytestmark = matrix.suite_is("full")
@@ -206,13 +206,12 @@ class Run(Logged):
 
 def session_pids(sid: int) -> list[int]:
     out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    out.append(int(entry))
-            except OSError:
-                continue
+    for pid in all_pids():
+        try:
+            if os.getsid(pid) == sid:
+                out.append(pid)
+        except OSError:
+            continue
     return out
 
 
