@@ -66,18 +66,20 @@ def _as_tensor(i, seq, torch, max_len: int):
     """Sequence ``i`` as a new 1-D int64 CPU tensor of at most ``max_len`` ids (its own memory),
     with its lowest and highest id (``None``: empty) and its length before the cut."""
     if torch is not None and isinstance(seq, torch.Tensor) and _array_kind(i, seq, torch):
-        out = seq.detach()[:max_len].to(device="cpu", dtype=torch.int64, copy=True)
-        return out, ((int(out.min()), int(out.max())) if out.numel() else None), int(seq.shape[0])
+        whole = seq.detach().to(device="cpu", dtype=torch.int64)
+        low_high = (int(whole.min()), int(whole.max())) if whole.numel() else None  # every id, as for a list
+        return whole[:max_len].clone(), low_high, int(whole.shape[0])
     import numpy as np
 
     plain = isinstance(seq, (list, tuple)) and set(map(type, seq)) <= _PLAIN_INT
     ids = seq if plain or _array_kind(i, seq, torch) else _sequence(i, seq, torch)
     try:
-        arr = np.array(ids[:max_len], dtype=np.int64)
+        arr = np.array(ids, dtype=np.int64)
     except OverflowError:  # an id beyond int64: outside any vocabulary, named as for a list
         ids = _sequence(i, seq, torch)
         return None, (min(ids), max(ids)), len(ids)
-    return torch.from_numpy(arr), ((int(arr.min()), int(arr.max())) if arr.size else None), len(ids)
+    low_high = (int(arr.min()), int(arr.max())) if arr.size else None  # every id, as for a list
+    return torch.from_numpy(arr[:max_len].copy() if arr.size > max_len else arr), low_high, len(ids)
 
 
 def normalize(token_ids, vocab_size: int, max_len: int, tensors: bool = False) -> list:

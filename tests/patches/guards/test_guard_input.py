@@ -336,13 +336,18 @@ def test_the_stock_code_gets_new_int64_tensors_cut_to_the_length(caplog):
     ([[1, 10]], "token id 10 outside the vocabulary [0, 9]"),
     ([[-1, 2]], "token id -1 outside the vocabulary"),
     ([[1, 2**70]], f"token id {2**70} outside the vocabulary"),
+    ([[1, 2, 3, 10]], "token id 10 outside the vocabulary"),  # in the part cut at max_len too, as for a list
     ([5], "sequence 0: expected a list of token ids, got int"),
 ])
 def test_bad_input_is_named_the_same_for_tensors(bad, message):
     pytest.importorskip("torch")
-    with pytest.raises(InvalidInputError) as err:
-        guard_input.normalize(bad, 10, 100, tensors=True)
-    assert message in str(err.value)
+    for max_len in (100, 3):
+        with pytest.raises(InvalidInputError) as err:
+            guard_input.normalize(bad, 10, max_len, tensors=True)
+        assert message in str(err.value)
+        with pytest.raises(InvalidInputError) as err:
+            guard_input.normalize(bad, 10, max_len)
+        assert message in str(err.value)
 
 
 def test_bad_tensors_are_named():
@@ -352,6 +357,8 @@ def test_bad_tensors_are_named():
                                                                                   "sequence 0 is empty")]:
         with pytest.raises(InvalidInputError, match=re.escape(message)):
             guard_input.normalize(bad, 10, 100, tensors=True)
+    with pytest.raises(InvalidInputError, match="token id 10 outside"):  # past the cut too, as for a list
+        guard_input.normalize([torch.tensor([1, 2, 3, 10])], 10, 3, tensors=True)
 
 
 def test_the_tensor_form_is_used_only_where_the_stock_code_takes_it():
