@@ -367,8 +367,8 @@ def main() -> int:
             early.append(True)
             return wrapped(*args, **kwargs)
 
-        sent = wrapt.FunctionWrapper(self_check.Early.send, count_early)
-        self_check.Early.send, unwrapped = sent, self_check.Early.send
+        sent = wrapt.FunctionWrapper(self_check.Comparison.send, count_early)
+        self_check.Comparison.send, unwrapped = sent, self_check.Comparison.send
         batch = mixed[:12]
         long = [i for i, ids in enumerate(batch) if len(ids) >= 2]
         hit = {"swap": long[:2], "shift": long[:1], "drop": [0]}
@@ -416,7 +416,7 @@ def main() -> int:
                 gen.layer_ids = layers
                 gen._setup_capture()
         finally:
-            self_check.Early.send = unwrapped
+            self_check.Comparison.send = unwrapped
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -308,7 +308,7 @@ def test_rows_in_results_blocks_reach_a_single_worker_by_reference(tmp_path, mon
 
 def test_the_comparison_is_sent_when_the_rows_are_in_place_and_confirmed_to_be_the_callers(tmp_path, monkeypatch):
     """``when_written``: the callback runs once, when the worker's reply is taken, with the blocks
-    the caller then gets (not for a later call); ``Early`` sends the comparison without waiting,
+    the caller then gets (not for a later call); ``Comparison`` sends the comparison without waiting,
     naming those blocks, and refuses a call whose caller holds other tensors."""
     torch = pytest.importorskip("torch")
     from speculators_compat.patches.features.datapath import pool as pools
@@ -326,28 +326,53 @@ def test_the_comparison_is_sent_when_the_rows_are_in_place_and_confirmed_to_be_t
     parallel = types.SimpleNamespace(world_size=1)
     generator = types.SimpleNamespace(vllm_config=types.SimpleNamespace(parallel_config=parallel))
 
+    class Future:
+        def result(self):
+            return ["compared"]
+
     class Executor:
         sent = []
 
         def collective_rpc(self, method, args=(), non_block=False):
             self.sent.append((method, args, non_block))
-            return "future"
+            return Future()
 
-    early = self_check.Early(generator, Executor(), [0, 2], internal=False)
+    early = self_check.Comparison(generator, Executor(), [0, 2], internal=False)
     reply.when_written(generator, early.send)
     transfer = reply.Transfer(plan, *pool.tensors(seg, plan), reply.take_written(generator))
     assert reply.take_written(generator) == []  # registered for one call
     generator.__dict__[reply.TRANSFER_ATTR] = transfer
     assert early.future is None
     layers = transfer.take(reply.Written(plan.id, plan.rows, [True, True]))
-    assert early.future == "future"
+    assert isinstance(early.future, Future)
     ((method, (rows,), non_block),) = Executor.sent
     assert method is compare.check and non_block and isinstance(rows, selfcheck.SegmentRows)
     assert [ref[1] for ref in rows.refs] == [plan.offsets[1][0], plan.offsets[1][2]]
     starts = [0, 3, 9]
     results = [{"hidden_states": [layer[a:a + n].clone() for layer in layers]} for a, n in zip(starts, lengths)]
-    early.confirm(results)  # the stock slicing hands out the very blocks
+    assert early.result(results) == ["compared"]  # the stock slicing hands out the very blocks
     results[2]["hidden_states"][-1] = results[2]["hidden_states"][-1].clone()
     with pytest.raises(SelfCheckError, match="sequence 2: the caller's last-layer tensor is not"):
-        early.confirm(results)
+        early.result(results)
     early.close()
+    # not sent early (the rows did not go through the blocks): the caller's own tensors, after the call
+    after = self_check.Comparison(generator, Executor(), [2], internal=False)
+    assert after.future is None and after.result(results) == ["compared"]
+    ((method, (rows,), non_block),) = Executor.sent[1:]
+    assert method is compare.check and isinstance(rows, selfcheck.SharedRows)  # not a block: a shared file
+    after.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_calls_lengths_are_the_stock_cut_of_each_sequence():
+    """``plan.call_lengths`` (results-in-place's layout, the self-check's starts): rows per sequence
+    cut at ``max_model_len - 1``, from a 2-D tensor's shape; ``None`` for anything the stock code
+    is left alone with."""
+    torch = pytest.importorskip("torch")
+    from speculators_compat.patches.features.datapath.plan import call_lengths
+
+    gen = types.SimpleNamespace(vllm_config=types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=6)))
+    assert call_lengths(gen, [[1, 2], (3,), torch.arange(9)]) == [2, 1, 5]
+    assert call_lengths(gen, torch.zeros(3, 8, dtype=torch.long)) == [5, 5, 5]
+    for other in (None, [], [[1], []], torch.zeros(3, 0), torch.zeros(3), [5]):
+        assert call_lengths(gen, other) is None

@@ -81,38 +81,43 @@ def static_probe(view) -> Probe:
                                                             "MultiprocExecutor", "collective_rpc"))
 
 
-class Early:
-    """The comparison of one call, sent without waiting as soon as the worker's rows are in the
-    caller's ``results-in-place`` blocks (:func:`.reply.when_written`): the workers compare while
-    the driver hands the results out. :meth:`confirm` then proves that each checked sequence's
-    tensor is the block that was compared."""
+class Comparison:
+    """One call's comparison in the workers. Where the call's rows go through ``results-in-place``
+    blocks it is sent, without waiting, as soon as the worker's rows are in them
+    (:meth:`send`, run by :func:`.reply.when_written`): the workers compare while the driver hands
+    the results out, and :meth:`result` first proves that each checked sequence's tensor is the
+    block that was compared. Otherwise :meth:`result` sends the caller's own tensors after the call."""
 
     def __init__(self, generator, executor, checked: list[int], internal: bool) -> None:
         self.generator, self.executor, self.checked, self.internal = generator, executor, checked, internal
         self.future = None  # vLLM's future of the workers' comparison (None: not sent)
         self.rows = None  # what the workers were given (a shared-memory file is removed by close())
-        self.compared: list[tuple] = []  # per checked sequence: (address, shape) of the block compared
-        self.seconds = 0.0
+        self.compared: list[tuple] = []  # per checked sequence: (address, shape) of the tensor compared
+        self.seconds = 0.0  # the driver's time in sending it early
 
     def send(self, blocks: list[list]) -> None:
+        """The rows are in place: ``blocks[layer][seq]``, the tensors the caller will hold."""
         t0 = time.perf_counter()
-        last = [blocks[-1][i] for i in self.checked]
+        self._send([blocks[-1][i] for i in self.checked])
+        self.seconds += time.perf_counter() - t0
+
+    def _send(self, last: list) -> None:
         self.compared = [(t.data_ptr(), tuple(t.shape)) for t in last]
         self.rows = None if self.internal else checking.rows_for_workers(self.generator, last)
         self.future = self.executor.collective_rpc(compare.check, args=(self.rows,), non_block=True)
-        self.seconds += time.perf_counter() - t0
 
-    def confirm(self, results: list) -> None:
-        """Each checked sequence's last-layer tensor in ``results`` is the block compared, else
-        :class:`SelfCheckError` (the comparison would not be of the rows the caller holds)."""
-        if self.internal:
-            return  # the workers compared their own capture of the last layer, cut as the stock code cuts
-        for (ptr, shape), i in zip(self.compared, self.checked):
-            got = results[i]["hidden_states"][-1]
-            if got.data_ptr() != ptr or tuple(got.shape) != shape:
-                raise SelfCheckError(f"self-check: sequence {i}: the caller's last-layer tensor is not the "
-                                     "results-in-place block the workers compared (the stock generate() handed "
-                                     "out other tensors); nothing of this call should be saved")
+    def result(self, results: list):
+        """The workers' replies for the rows the caller holds in ``results``."""
+        if self.future is None:
+            self._send([results[i]["hidden_states"][-1] for i in self.checked])
+        elif not self.internal:  # the workers' own capture of the last layer needs no confirming
+            for (ptr, shape), i in zip(self.compared, self.checked):
+                got = results[i]["hidden_states"][-1]
+                if got.data_ptr() != ptr or tuple(got.shape) != shape:
+                    raise SelfCheckError(f"self-check: sequence {i}: the caller's last-layer tensor is not the "
+                                         "results-in-place block the workers compared (the stock generate() "
+                                         "handed out other tensors); nothing of this call should be saved")
+        return self.future.result()
 
     def close(self) -> None:
         checking.unshare(self.rows)
@@ -156,22 +161,13 @@ def _generate(wrapped, instance, args, kwargs):
         log.warning("self-check: off, %s", totals.off)
         return wrapped(*args, **kwargs)
     internal = bool(replies[0]["internal"])
-    early = Early(instance, executor, checked, internal)
-    reply.when_written(instance, early.send)
+    comparison = Comparison(instance, executor, checked, internal)
+    reply.when_written(instance, comparison.send)
     done = False
     try:
         results = wrapped(*args, **kwargs)
         t0 = time.perf_counter()
-        if early.future is not None:
-            early.confirm(results)
-            replies = early.future.result()
-        else:
-            rows = None if internal else checking.rows_for_workers(instance, [results[i]["hidden_states"][-1]
-                                                                              for i in checked])
-            try:
-                replies = executor.collective_rpc(compare.check, args=(rows,))
-            finally:
-                checking.unshare(rows)
+        replies = comparison.result(results)
         done = True
     finally:
         reply.take_written(instance)  # not run (the rows did not go through the segments): not for the next call
@@ -180,8 +176,8 @@ def _generate(wrapped, instance, args, kwargs):
                 executor.collective_rpc(compare.arm, args=(None,))  # is what the caller must see
             except Exception as exc:
                 log.debug("self-check: could not disarm the workers: %s: %s", type(exc).__name__, exc)
-        early.close()
-    totals.seconds += time.perf_counter() - t0 + early.seconds
+        comparison.close()
+    totals.seconds += time.perf_counter() - t0 + comparison.seconds
     found = next((r for r in replies if r is not None), None)
     if found is None:
         raise SelfCheckError("self-check: no worker returned the comparison")
