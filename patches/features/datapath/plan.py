@@ -39,13 +39,14 @@ def call_lengths(generator, token_ids) -> list[int] | None:
     ``None`` where the input is not a batch of non-empty sequences (the call is the stock code's)."""
     if token_ids is None:
         return None
-    if hasattr(token_ids, "tolist") and hasattr(token_ids, "dim"):
-        if token_ids.dim() != 2:
-            return None
-        token_ids = token_ids.tolist()
     try:
         max_len = generator.vllm_config.model_config.max_model_len - 1
-        lengths = [min(len(ids), max_len) for ids in token_ids]
+        if hasattr(token_ids, "tolist") and hasattr(token_ids, "dim"):  # a tensor: its shape, no list of ints
+            if token_ids.dim() != 2:
+                return None
+            lengths = [min(int(token_ids.shape[1]), max_len)] * int(token_ids.shape[0])
+        else:
+            lengths = [min(len(ids), max_len) for ids in token_ids]
     except TypeError:
         return None
     return lengths if lengths and all(n > 0 for n in lengths) else None
