@@ -1,7 +1,7 @@
 """Extraction speed on a GPU: the stock generator through the shim against vLLM's own prefill.
 
     python benchmarks/gpu_extract.py build ROOT                 # the random bf16 Llamas (no vLLM needed)
-    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before] [--worker-profile]
+    python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before] [--late] [--worker-profile]
                                                                 [--vllm-extract [--vllm-extract-dir DIR]] [--tp N]
     python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR] [--prefill-json BENCH_FILE]
     python benchmarks/gpu_extract.py selfcheck MODEL --out FILE [--tp N] [--prompts 32] [--len 1024]
@@ -12,7 +12,9 @@
 shim, as installed (``extract``), and with the capture hooks removed in the worker
 (``steps_nohooks``: the generator's steps alone; the call then fails at its end, as nothing was
 captured). ``--before``: also with ``results-in-place`` and ``pipelined-steps`` off
-(``extract_before``: how every call ran before those patches). ``--async``: ``extract`` runs its
+(``extract_before``: how every call ran before those patches). ``--late``: also ``extract_late``, with
+the first step sent only once every request is added, as the stock loop sends it (``pipelined-steps``
+sends it as soon as the requests added fill a step). ``--async``: ``extract`` runs its
 steps synchronously (``SPECULATORS_COMPAT_ASYNC_STEPS=0``) and a second generator, as installed,
 runs ``extract_async``, whose rows are compared bit for bit with ``extract``'s. After a warm-up the
 modes alternate in a rotated order, ``--rounds`` times; ``extract_nocheck`` is ``extract`` with the
@@ -461,7 +463,7 @@ class Anchor:
 
 
 def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str = "auto",
-          async_too: bool = False, before_too: bool = False, sched_ab: bool = False,
+          async_too: bool = False, before_too: bool = False, sched_ab: bool = False, late_too: bool = False,
           worker_profile: bool = False, vllm_extract: bool = False, vllm_extract_dir: str | None = None,
           vllm_extract_util: float | None = None, tp: int = 1) -> dict:
     """The ``bench`` command (the module's docstring says what it measures): the engines built in
@@ -474,6 +476,8 @@ def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, 
         run.add_prefill_gen_sched()
     if before_too:
         run.modes["extract_before"] = lambda: run.extract(True)
+    if late_too:
+        run.modes["extract_late"] = run.extract_late
     if async_too:
         run.add_async_generator()
     if vllm_extract:
@@ -606,6 +610,15 @@ class _Bench:
         finally:
             self.gen.executor.collective_rpc(w_hooks, args=(True, self.layer_ids))
         return {"before_steps_s": (self.marks.first_step - t0) if self.marks.first_step else None}
+
+    def extract_late(self) -> dict:
+        """``extract`` with the first step sent once every request is added (as the stock loop)."""
+        first_step = self._pipelined._first_step
+        self._pipelined._first_step = lambda gen: None
+        try:
+            return self.extract(False)
+        finally:
+            self._pipelined._first_step = first_step
 
     def extract_nocheck(self) -> dict:
         os.environ[self._selfcheck.SELF_CHECK_ENV] = "0"
@@ -1261,6 +1274,8 @@ def main(argv=None):
                    help="extract with SPECULATORS_COMPAT_ASYNC_STEPS=0, and a second generator as installed (extract_async)")
     p.add_argument("--before", dest="before_too", action="store_true",
                    help="also extract with results-in-place and pipelined-steps off (extract_before)")
+    p.add_argument("--late", dest="late_too", action="store_true",
+                   help="also extract with the first step sent after every request is added (extract_late)")
     p.add_argument("--sched-ab", action="store_true",
                    help="also vLLM's prefill with the generator's scheduler settings (prefill_gen_sched)")
     p.add_argument("--dtype", default="auto", help="float32 for a CPU dry run (vLLM's CPU attention lacks bf16 on some CPUs)")
@@ -1301,7 +1316,7 @@ def main(argv=None):
         _ORIG.update(execute_model=pipelined_steps.PipelinedExecutor.execute_model,
                      sample_tokens=pipelined_steps.PipelinedExecutor.sample_tokens)
         bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype, args.async_too,
-              args.before_too, args.sched_ab, args.worker_profile, args.vllm_extract, args.vllm_extract_dir,
+              args.before_too, args.sched_ab, args.late_too, args.worker_profile, args.vllm_extract, args.vllm_extract_dir,
               args.vllm_extract_util, args.tp)
     else:
         stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util,

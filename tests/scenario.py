@@ -176,7 +176,11 @@ def main() -> int:
         sizes = holder["gen"].executor.collective_rpc(lambda self: len(self.model_runner.requests))
         if any(sizes):
             raise AssertionError(f"worker request caches hold {sizes} requests")
-        return {"requests": sizes, "in_place": in_place(holder["gen"], holder["first"])}
+        from speculators_compat.patches.features import pipelined_steps
+
+        # calls so far whose first step pipelined-steps sent while the stock code added the rest
+        early = holder["gen"].__dict__.get(pipelined_steps.EARLY_ATTR, 0)
+        return {"requests": sizes, "in_place": in_place(holder["gen"], holder["first"]), "early_first_steps": early}
 
     def in_place(gen, results):
         """With results-in-place: each result tensor owns exactly its bytes, the segments of the

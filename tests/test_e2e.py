@@ -164,6 +164,10 @@ def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
         assert applied(report) == want
     if "results-in-place" in applied(report):
         assert report["leak"]["value"]["in_place"]["segments"] >= 1
+    # mixed (42 sequences: more than a step's 32), repeat (twice) and chunked (10,000 tokens: more
+    # than a step's 8,192): each call's first step went while the stock code added the rest
+    early = report["leak"]["value"]["early_first_steps"]
+    assert early == (4 if "pipelined-steps" in applied(report) else 0), early
     log = report["log"]["value"]
     assert log[0].startswith("generate(): 42 sequences, ")
     assert f", hidden {HIDDEN[name]}, float32, " in log[0]

@@ -144,7 +144,7 @@ def run_call(pool, lengths, steps, dtype=torch.bfloat16, hidden=24, n_layers=3, 
     state = state or worker.WorkerState()
     state.accept(plan)
     pool.mapped(seg)
-    call = reply.Transfer(plan, *pool.tensors(seg, plan))
+    call = reply.Transfer.deferred(plan, lambda: pool.tensors(seg, plan))  # as results-in-place makes it
     at = 0
     for rows in steps:
         state.store([f[at:at + rows] for f in full])
@@ -168,6 +168,26 @@ class Executor:
 
     def collective_rpc(self, method, *args, **kwargs):
         return self.written
+
+
+def test_a_deferred_transfer_makes_its_tensors_once_when_the_reply_is_asked_for(shm):
+    pool = pools.Pool()
+    made = []
+
+    def use(layers, lengths):
+        assert len(made) == 1  # made by the collective_rpc of the reply, before it waited
+        return stock_results(layers, lengths)
+
+    real_tensors = pool.tensors
+    pool.tensors = lambda seg, plan: made.append(plan.id) or real_tensors(seg, plan)
+    results, want, call = run_call(pool, [3, 4], [7], use=use)
+    assert made and len(made) == 1 and all(torch.equal(a, b) for r, w in zip(results, want) for a, b in zip(r, w))
+    other = reply.Transfer.deferred(None, lambda: made.append("other") or ([], []))
+    reply.CallExecutor(Executor(None), other).collective_rpc("_reset_capture")
+    assert made[-1] != "other"  # another method: nothing made
+    other.close()
+    other.prepare()
+    assert made[-1] != "other"  # a closed transfer makes nothing
 
 
 def test_the_stock_slicing_gets_blocks_that_own_exactly_their_bytes(shm, tmp_path):

@@ -53,8 +53,9 @@ class Transfer:
     until the reply is taken, then what the worker reported (``rows``, ``finite``) and where its
     blocks lie (by address: the transfer keeps no tensor once the call is over)."""
 
-    def __init__(self, plan, layers: list, blocks: list[list], on_written=()) -> None:
+    def __init__(self, plan, layers: list | None, blocks: list[list] | None, on_written=(), make=None) -> None:
         self.plan, self._layers, self._blocks = plan, layers, blocks
+        self._make = make  # ``make() -> (layers, blocks)`` when they are not given: see :meth:`prepare`
         self._on_written = list(on_written)  # see :func:`when_written`
         self.rows: int | None = None  # rows the worker copied (None: no reply yet)
         self.finite: list[bool] | None = None  # per layer: no inf/nan in any row
@@ -62,9 +63,22 @@ class Transfer:
         self._places: dict[int, tuple] = {}
         self._finite_ptrs: set[int] = set()
 
+    @classmethod
+    def deferred(cls, plan, make, on_written=()) -> Transfer:
+        """A transfer whose tensors ``make()`` builds when the driver is about to wait for the
+        reply (:meth:`prepare`: while the workers run the last steps), not before the first step."""
+        return cls(plan, None, None, on_written, make)
+
+    def prepare(self) -> None:
+        """Build the call's tensors if they are still to be made (once; before :meth:`take`)."""
+        make, self._make = self._make, None
+        if make is not None:
+            self._layers, self._blocks = make()
+
     def take(self, written: Written) -> list:
         """The stock reply for the worker's ``written``: one :class:`LayerRows` per layer.
         Raises :class:`CaptureContractError` for a reply of another call or a wrong row count."""
+        self.prepare()
         plan = self.plan
         if written.plan_id != plan.id or self._layers is None:
             raise CaptureContractError(f"shm-transport: a reply for call {written.plan_id} during call {plan.id}")
@@ -90,7 +104,7 @@ class Transfer:
 
     def close(self) -> None:
         """Drop the call's tensors (the caller's blocks keep the segment held, nothing else)."""
-        self._layers = self._blocks = None
+        self._layers = self._blocks = self._make = None
 
     def certified(self, tensor) -> bool:
         """``tensor`` is a block of this call whose layer the worker found finite."""
@@ -135,6 +149,8 @@ class CallExecutor(wrapt.ObjectProxy):
         self._self_transfer = transfer
 
     def collective_rpc(self, method, *args, **kwargs):
+        if method == METHOD:
+            self._self_transfer.prepare()  # while the workers may still run the call's last steps
         reply = self.__wrapped__.collective_rpc(method, *args, **kwargs)
         if method != METHOD:
             return reply

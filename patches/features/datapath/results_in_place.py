@@ -122,7 +122,8 @@ def _generate(wrapped, instance, args, kwargs):
         if not (isinstance(taken, list) and taken and taken[0] is True):
             return wrapped(*args, **kwargs)
         pool.mapped(seg)
-        transfer = instance.__dict__[TRANSFER_ATTR] = Transfer(plan, *pool.tensors(seg, plan), on_written)
+        # the tensors over the segment are made when the driver is about to wait for the reply
+        transfer = instance.__dict__[TRANSFER_ATTR] = Transfer.deferred(plan, lambda: pool.tensors(seg, plan), on_written)
         instance.executor = CallExecutor(executor, transfer)  # the stock code's executor for this call
         try:
             results = wrapped(*args, **kwargs)
