@@ -114,6 +114,16 @@ def source_of(obj) -> str:
     return inspect.getsource(getattr(obj, "__wrapped__", obj))
 
 
+def source_has(func, parts) -> bool:
+    """Every one of ``parts`` is in the source of ``func``, whitespace aside (``False`` where the
+    source cannot be read)."""
+    try:
+        flat = " ".join(source_of(func).split())
+    except (OSError, TypeError):
+        return False
+    return all(part in flat for part in parts)
+
+
 def transformers_version() -> str:
     """The installed transformers version (from its metadata; nothing imported)."""
     from speculators_compat.core import versions

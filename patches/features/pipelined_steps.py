@@ -18,12 +18,12 @@ message to the workers, so ``generate()`` returns without waiting for it.
 
 The first step goes early: the stock code builds and adds every request of the call before it
 schedules the first step (on an H200 host, 10-17 ms from the call to its first step for 64 prompts
-of 1,024 tokens). Once the requests added
-so far fill a step -- their tokens reach the scheduler's token budget, or their count passes its
-sequence limit -- the generator's scheduler (seen through :class:`FirstStepScheduler` for the
-call) resets the capture, schedules that step, sends it and aborts its requests, exactly as the
-stock loop would, and the stock code goes on adding the rest while the workers run it; the stock
-loop's own ``_reset_capture`` is then not sent again. The step is the one the stock loop would
+of 1,024 tokens). Once the requests added so far fill a step -- their tokens reach the
+scheduler's token budget, or their count passes its sequence limit -- the generator's scheduler
+(seen through :class:`FirstStepScheduler` for the call) resets the capture, schedules that step,
+sends it and aborts its requests, exactly as the stock loop would, and the stock code goes on
+adding the rest while the workers run it; the stock loop's own ``_reset_capture`` is then not
+sent again. The step is the one the stock loop would
 have scheduled: each step holds whole prompts in the order they were added (``v1-chunked-prefill``
 and ``v1-prefix-caching`` turn chunked prefill and prefix caching off; with either on, the first
 step waits for every request, as stock), and the scheduler fills a step from the front of its
@@ -49,7 +49,6 @@ speculators 0.3.x is no longer supported.
 from __future__ import annotations
 
 import collections
-import inspect
 import logging
 
 import wrapt
@@ -59,7 +58,7 @@ from speculators_compat.core.registry import Kind, Patch, Probe, Side
 
 from speculators_compat.core.targets import GENERATOR
 
-from .._probes import params, static_params, vllm_module
+from .._probes import params, source_has, static_params, vllm_module
 from .._ranges import SPECULATORS_03
 
 log = logging.getLogger("speculators_compat")
@@ -221,11 +220,7 @@ def _pipelined(executor) -> PipelinedExecutor | None:
 
 def stock_loop(generate) -> bool:
     """The stock ``generate`` runs :data:`STOCK_LOOP`."""
-    try:
-        flat = " ".join(inspect.getsource(inspect.unwrap(generate)).split())
-    except (OSError, TypeError):
-        return False
-    return all(part in flat for part in STOCK_LOOP)
+    return source_has(generate, STOCK_LOOP)
 
 
 def _first_step(generator):

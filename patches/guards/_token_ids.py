@@ -13,7 +13,7 @@ import sys
 
 from speculators_compat.errors import InvalidInputError
 
-from .._probes import source_of
+from .._probes import source_has
 
 __all__ = ["TENSORS", "is_int", "normalize", "takes_tensors"]
 
@@ -126,8 +126,4 @@ TENSORS = ("ids.tolist() if isinstance(ids, torch.Tensor) else ids",
 
 def takes_tensors(generate) -> bool:
     """The stock ``generate`` turns each sequence into the forms above (:data:`TENSORS`)."""
-    try:
-        flat = " ".join(source_of(generate).split())
-    except (OSError, TypeError):
-        return False
-    return all(s in flat for s in TENSORS)
+    return source_has(generate, TENSORS)
