@@ -165,6 +165,11 @@ class PipelinedExecutor(wrapt.ObjectProxy):
         self._self_send("sample_tokens", grammar_output)
         return None
 
+    def reset_sent(self, reply) -> None:
+        """An early first step sent ``_reset_capture`` (its ``reply``): the stock loop's own is then
+        answered with it, not sent again. ``None``: the next one is sent, as asked."""
+        self._self_reset_sent = reply
+
     def collective_rpc(self, method, *args, **kwargs):
         if method == RESET and self._self_reset_sent is not None and not args and not kwargs:
             reply, self._self_reset_sent = self._self_reset_sent, None
@@ -200,8 +205,7 @@ class FirstStepScheduler(wrapt.ObjectProxy):
         generator = self._self_generator
         generator.__dict__[EARLY_ATTR] = generator.__dict__.get(EARLY_ATTR, 0) + 1
         executor, scheduler = generator.executor, self.__wrapped__
-        reply = executor.collective_rpc(RESET)
-        self._self_pipelined._self_reset_sent = reply
+        self._self_pipelined.reset_sent(executor.collective_rpc(RESET))
         out = scheduler.schedule()
         if out.total_num_scheduled_tokens > 0:
             executor.execute_model(out)
@@ -248,7 +252,7 @@ def _generate(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     finally:
         instance.scheduler = scheduler
-        early._self_pipelined._self_reset_sent = None  # never carried into another call
+        early._self_pipelined.reset_sent(None)  # never carried into another call
 
 
 def _executor(wrapped, instance, args, kwargs):
