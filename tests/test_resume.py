@@ -384,6 +384,7 @@ def test_import_first_arms_the_processes_multiprocessing_spawns(tmp_path, revert
     """``import speculators_compat`` first, then the script (no runner): a spawned child re-imports
     the script with the hooks armed; a ``sitecustomize`` and the ``PYTHONPATH`` entries already
     there are kept; ``revert()`` takes the hook off again and leaves ``PYTHONPATH`` as it was."""
+    import speculators_compat
     from speculators_compat.core import children
 
     script = tmp_path / "spawner.py"
@@ -394,7 +395,8 @@ def test_import_first_arms_the_processes_multiprocessing_spawns(tmp_path, revert
     other.mkdir()
     # the user's own sitecustomize: it must still run, in the parent and in the spawned child
     (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER'] = os.environ.get('OTHER', '') + 'ran'\n")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(children.__file__)))
+    # the folder holding the package this test imported: the child imports the same copy
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(speculators_compat.__file__)))
     before = os.pathsep.join([str(other), package_root])
     env = dict(os.environ, PYTHONPATH=before)
     env.pop("OTHER", None)
