@@ -242,6 +242,7 @@ def main() -> int:
         if args.save_rows and holder.get("first"):
             import torch
 
+            os.makedirs(os.path.dirname(os.path.abspath(args.save_rows)), exist_ok=True)
             torch.save({k: [[t.cpu() for t in seq] for seq in v] for k, v in holder["first"].items()},
                        args.save_rows)
     gen = holder.pop("gen", None)
