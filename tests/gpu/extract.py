@@ -188,9 +188,13 @@ def main() -> int:
             gen.executor.collective_rpc(reset_peak)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+            from speculators_compat.patches.features import pipelined_steps
+
+            early = gen.__dict__.get(pipelined_steps.EARLY_ATTR, 0)
             t = time.time()
             res = gen.generate(batch)
             seconds = time.time() - t
+            early = gen.__dict__.get(pipelined_steps.EARLY_ATTR, 0) - early
             rows_ok = [r["hidden_states"][0].shape[0] for r in res] == [len(b) for b in batch]
             if not rows_ok:
                 raise AssertionError(f"rows {[r['hidden_states'][0].shape[0] for r in res]} != tokens")
@@ -202,6 +206,7 @@ def main() -> int:
             value = {
                 "sequences": len(batch), "tokens": tokens, "seconds": round(seconds, 3),
                 "tokens_per_s": round(tokens / seconds), "rows_ok": rows_ok,
+                "first_step_early": bool(early),  # pipelined-steps sent the call's first step before the last add
                 "dtype": str(got[0][0].dtype), "device": str(got[0][0].device),
                 "max_rel_l2": common.worst(layers), "pooled_rel_l2": common.worst(layers, "pooled_rel_l2"),
                 "max_abs": common.worst(layers, "max_abs"),

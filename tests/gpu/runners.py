@@ -65,7 +65,7 @@ def merge(v1: dict, mrv2: dict) -> dict:
             continue
         other = mrv2.get("steps", {}).get(name, {})
         problems += set_problems(name, step, other)
-        pick = ("max_rel_l2", "pooled_rel_l2", "max_abs", "tokens", "seconds", "rows_ok")
+        pick = ("max_rel_l2", "pooled_rel_l2", "max_abs", "tokens", "seconds", "rows_ok", "first_step_early")
         sets[name] = {"v1": {k: (step.get("value") or {}).get(k) for k in pick},
                       "mrv2": {k: (other.get("value") or {}).get(k) for k in pick},
                       "mrv2_vs_v1": (other.get("value") or {}).get("vs_saved")}
