@@ -179,7 +179,7 @@ def main() -> int:
         from speculators_compat.patches.features import pipelined_steps
 
         # calls so far whose first step pipelined-steps sent while the stock code added the rest
-        early = holder["gen"].__dict__.get(pipelined_steps.EARLY_ATTR, 0)
+        early = pipelined_steps.early_first_steps(holder["gen"])
         return {"requests": sizes, "in_place": in_place(holder["gen"], holder["first"]), "early_first_steps": early}
 
     def in_place(gen, results):

@@ -88,6 +88,11 @@ RESET = "_reset_capture"
 EARLY_ATTR = "_speculators_compat_early_first_steps"
 
 
+def early_first_steps(generator) -> int:
+    """How many of ``generator``'s calls sent their first step early (0 where none did)."""
+    return generator.__dict__.get(EARLY_ATTR, 0)
+
+
 def _judge(signatures: dict, result_source: str | None) -> Probe:
     if "sample_tokens" not in signatures:
         return Probe.old("MultiprocExecutor has no sample_tokens (no two-phase execution)")
@@ -203,7 +208,7 @@ class FirstStepScheduler(wrapt.ObjectProxy):
 
         self._self_sent = True
         generator = self._self_generator
-        generator.__dict__[EARLY_ATTR] = generator.__dict__.get(EARLY_ATTR, 0) + 1
+        generator.__dict__[EARLY_ATTR] = early_first_steps(generator) + 1
         executor, scheduler = generator.executor, self.__wrapped__
         self._self_pipelined.reset_sent(executor.collective_rpc(RESET))
         out = scheduler.schedule()

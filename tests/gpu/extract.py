@@ -190,11 +190,11 @@ def main() -> int:
                 torch.cuda.synchronize()
             from speculators_compat.patches.features import pipelined_steps
 
-            early = gen.__dict__.get(pipelined_steps.EARLY_ATTR, 0)
+            early = pipelined_steps.early_first_steps(gen)
             t = time.time()
             res = gen.generate(batch)
             seconds = time.time() - t
-            early = gen.__dict__.get(pipelined_steps.EARLY_ATTR, 0) - early
+            early = pipelined_steps.early_first_steps(gen) - early
             rows_ok = [r["hidden_states"][0].shape[0] for r in res] == [len(b) for b in batch]
             if not rows_ok:
                 raise AssertionError(f"rows {[r['hidden_states'][0].shape[0] for r in res]} != tokens")

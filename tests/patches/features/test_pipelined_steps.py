@@ -191,7 +191,7 @@ def test_the_early_first_step_is_the_stock_one_sent_before_the_rest_is_added(len
     sent_before_last_add = early.index(steps[0]) < early.index(("add", f"r{len(lengths) - 1}"))
     fills_a_step = sum(lengths[:-1]) >= 100 or len(lengths) - 1 > 3
     assert sent_before_last_add == fills_a_step, early
-    assert gen.__dict__.get(pipelined_steps.EARLY_ATTR, 0) == (1 if sum(lengths) >= 100 or len(lengths) > 3 else 0)
+    assert pipelined_steps.early_first_steps(gen) == (1 if sum(lengths) >= 100 or len(lengths) > 3 else 0)
 
 
 def test_no_early_first_step_with_chunked_prefill_or_prefix_caching_on():
