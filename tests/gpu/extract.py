@@ -228,7 +228,9 @@ def main() -> int:
         layers = common.per_layer(common.compare_rows(got, want), layer_ids)
         max_abs = common.worst(layers, "max_abs")
         return {"max_rel_l2": common.worst(layers), "max_abs": max_abs, "identical": max_abs == 0.0,
-                "outlier_rows": max(v["outlier_rows"] for v in layers.values())}
+                "outlier_rows": max(v["outlier_rows"] for v in layers.values()),
+                "per_layer": {k: {m: v[m] for m in ("max_rel_l2", "pooled_rel_l2", "outlier_rows")}
+                              for k, v in layers.items()}}
 
     def repeat():
         gen = holder["gen"]
