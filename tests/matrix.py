@@ -360,8 +360,9 @@ def _matrix_table(envs: list[Env]) -> str:
 
 
 def _gpu_table() -> str:
-    """One row per vLLM release and speculators line validated on a GPU (the CUDA runs of
-    validated.json, written by tests/gpu/runner.py): the newest run's models, worst error, TP."""
+    """One row per vLLM release, speculators line and model runner validated on a GPU (the CUDA
+    runs of validated.json, written by tests/gpu/runner.py): the newest run's models, worst error,
+    TP. A run that applied ``mrv2-rows`` ran Model Runner V2; any other ran vLLM's V1 runner."""
     sys.path.insert(0, ROOT)
     from packaging.version import Version
 
@@ -371,20 +372,21 @@ def _gpu_table() -> str:
     newest: dict = {}
     for run in data["runs"]:
         if run["platform"] == "cuda":
-            newest[(run["vllm"], run["speculators"])] = run  # the runs are kept in the order recorded
+            runner = "MRv2" if "mrv2-rows" in run.get("applied", []) else "V1"
+            newest[(run["vllm"], run["speculators"], runner)] = run  # the runs are kept in the order recorded
     rows = [
         GPU_BEGIN,
         "",
-        "| vLLM | speculators | transformers | models (worst sequence rel. L2 vs HF fp32) | TP | device | validated | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| vLLM | speculators | transformers | runner | models (worst sequence rel. L2 vs HF fp32) | TP | device | validated | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (vllm, spec), run in sorted(newest.items(), key=lambda kv: (Version(kv[0][0]), kv[0][1])):
+    for (vllm, spec, runner), run in sorted(newest.items(), key=lambda kv: (Version(kv[0][0]), kv[0][1], kv[0][2] != "V1")):
         worst = run.get("max_rel_l2_bf16", {})
         models = ", ".join(f"{m} ({worst[m]:.2g})" if m in worst else m for m in run.get("models", [])) or "--"
         tp = "/".join(str(t) for t in run.get("tp", [])) or "--"
         notes = run.get("notes", "")
         notes = notes if isinstance(notes, str) else "; ".join(notes)
-        rows.append(f"| {vllm} | {spec} | {run.get('transformers', '--')} | {models} | {tp} | "
+        rows.append(f"| {vllm} | {spec} | {run.get('transformers', '--')} | {runner} | {models} | {tp} | "
                     f"{run.get('env', '--')} | {run['date']} | {notes.replace('|', '/') or '--'} |")
     rows += ["", GPU_END]
     return "\n".join(rows)
