@@ -57,6 +57,23 @@ def test_merge_adds_a_run_and_replaces_only_the_same_days_run_of_its_environment
     assert validation.table({"runs": runs})["speculators"]["0.3"]["patches"]["z"]["vllm"] == ["0.16.0"]
 
 
+def test_the_gpu_table_keeps_a_row_per_model_runner(tmp_path, monkeypatch):
+    table = tmp_path / "validated.json"
+    run = {"env": "gpu-h200", "vllm": "0.26.0", "speculators": "0.3.0", "platform": "cuda",
+           "models": ["llama", "qwen3"], "transformers": "5.17.0"}
+    v1 = matrix.write_run(str(tmp_path / "a"), {**run, "applied": ["runner-v1"], "date": "2026-12-03"})
+    mrv2 = matrix.write_run(str(tmp_path / "b"), {**run, "applied": ["runner-v1", "mrv2-rows"], "date": "2026-12-05"})
+    matrix.merge([v1, mrv2], str(table))
+    monkeypatch.setattr(matrix, "VALIDATED", str(table))
+    rows = [r for r in matrix._gpu_table().splitlines() if r.startswith("| 0.26.0 ")]
+    assert [(r.split(" | ")[3], r.split(" | ")[7]) for r in rows] == [("V1", "2026-12-03"), ("MRv2", "2026-12-05")]
+    # a newer V1 run replaces the V1 row only
+    again = matrix.write_run(str(tmp_path / "c"), {**run, "applied": ["runner-v1"], "date": "2026-12-06"})
+    matrix.merge([again], str(table))
+    rows = [r for r in matrix._gpu_table().splitlines() if r.startswith("| 0.26.0 ")]
+    assert [(r.split(" | ")[3], r.split(" | ")[7]) for r in rows] == [("V1", "2026-12-06"), ("MRv2", "2026-12-05")]
+
+
 def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
     table = tmp_path / "validated.json"
     one = matrix.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.19.0", "speculators": "0.4.0.1",
