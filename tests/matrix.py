@@ -646,11 +646,12 @@ def rerecord(names: list[str], patch: str | None = None, keep: str | None = None
     return 1 if failed else 0
 
 
-def record(folder: str) -> list[dict]:
+def record(where: str) -> list[dict]:
+    """Merge the validation runs ``where`` names: one run's JSON file, or every JSON file of a folder."""
     sys.path.insert(0, ROOT)
-    files = sorted(glob.glob(os.path.join(folder, "*.json")))
+    files = [where] if os.path.isfile(where) else sorted(glob.glob(os.path.join(where, "*.json")))
     if not files:
-        raise SystemExit(f"no validation runs in {folder}")
+        raise SystemExit(f"no validation runs in {where}")
     return merge(files)
 
 
@@ -687,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("generate")
     sub.add_parser("check")
     rec = sub.add_parser("record")
-    rec.add_argument("folder")
+    rec.add_argument("folder", help="a validation run's JSON file, or a folder of them")
     rr = sub.add_parser("rerecord")
     rr.add_argument("envs", nargs="*")
     rr.add_argument("--patch", help="every environment the patch is written for")

@@ -74,6 +74,18 @@ def test_the_gpu_table_keeps_a_row_per_model_runner(tmp_path, monkeypatch):
     assert [(r.split(" | ")[3], r.split(" | ")[7]) for r in rows] == [("V1", "2026-12-06"), ("MRv2", "2026-12-05")]
 
 
+def test_record_takes_one_runs_file_beside_other_json(tmp_path, monkeypatch):
+    table = tmp_path / "validated.json"
+    monkeypatch.setattr(matrix, "VALIDATED", str(table))
+    run = matrix.write_run(str(tmp_path / "out"), {"env": "gpu-h200", "vllm": "0.26.0", "speculators": "0.3.0",
+                                                   "platform": "cuda", "applied": ["x"], "models": ["llama", "qwen3"]})
+    (tmp_path / "out" / "results.json").write_text("{}")  # a GPU call's other output
+    with pytest.raises(ValueError, match="needs 2 model shapes"):
+        matrix.record(str(tmp_path / "out"))  # the folder: results.json is read as a run
+    assert [r["vllm"] for r in matrix.record(run)] == ["0.26.0"]
+    assert [r["vllm"] for r in validation.load.__wrapped__(str(table))["runs"]] == ["0.26.0"]
+
+
 def test_a_run_on_one_model_shape_is_not_a_record(tmp_path):
     table = tmp_path / "validated.json"
     one = matrix.write_run(str(tmp_path / "a"), {"env": "e", "vllm": "0.19.0", "speculators": "0.4.0.1",
