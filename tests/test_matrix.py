@@ -65,13 +65,16 @@ def test_the_gpu_table_keeps_a_row_per_model_runner(tmp_path, monkeypatch):
     mrv2 = matrix.write_run(str(tmp_path / "b"), {**run, "applied": ["runner-v1", "mrv2-rows"], "date": "2026-12-05"})
     matrix.merge([v1, mrv2], str(table))
     monkeypatch.setattr(matrix, "VALIDATED", str(table))
-    rows = [r for r in matrix._gpu_table().splitlines() if r.startswith("| 0.26.0 ")]
-    assert [(r.split(" | ")[3], r.split(" | ")[7]) for r in rows] == [("V1", "2026-12-03"), ("MRv2", "2026-12-05")]
+
+    def runner_and_date():  # of each 0.26.0 row, in the table's order
+        cells = [r.split(" | ") for r in matrix._gpu_table().splitlines() if r.startswith("| 0.26.0 ")]
+        return [(c[3], c[7]) for c in cells]
+
+    assert runner_and_date() == [("V1", "2026-12-03"), ("MRv2", "2026-12-05")]
     # a newer V1 run replaces the V1 row only
     again = matrix.write_run(str(tmp_path / "c"), {**run, "applied": ["runner-v1"], "date": "2026-12-06"})
     matrix.merge([again], str(table))
-    rows = [r for r in matrix._gpu_table().splitlines() if r.startswith("| 0.26.0 ")]
-    assert [(r.split(" | ")[3], r.split(" | ")[7]) for r in rows] == [("V1", "2026-12-06"), ("MRv2", "2026-12-05")]
+    assert runner_and_date() == [("V1", "2026-12-06"), ("MRv2", "2026-12-05")]
 
 
 def test_record_takes_one_runs_file_beside_other_json(tmp_path, monkeypatch):
