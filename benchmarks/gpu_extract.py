@@ -41,8 +41,9 @@ of its warm-up) is in ``first_call``, the lowest and highest tokens/s over the r
 ``--vllm-extract``: also vLLM's own hidden-state extraction (``vllm_extract``), one more engine on
 the same model, prompts and layers, in the same rotation: ``LLM(enforce_eager=True,
 enable_prefix_caching=False, gpu_memory_utilization=--vllm-extract-util or --util,
-speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
-"draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers]}}},
+max_model_len=<the generator's>, speculative_config={"method": "extract_hidden_states",
+"num_speculative_tokens": 1, "draft_model_config": {"hf_config": {
+"eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers]}}},
 kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
 "kv_connector_extra_config": {"shared_storage_path": DIR}})`` (vLLM's layer ``k`` is the residual
 stream after ``k`` decoder layers; the stock generator's ``i`` is after decoder layer ``i``). Timed
@@ -311,8 +312,10 @@ CPU_NOTE = ("ExampleHiddenStatesConnector copies each finished request's rows to
             "and the engine dies (EngineDeadError)")
 
 
-def anchor_config(layer_ids, folder: str) -> dict:
-    """The engine arguments of vLLM's own extraction, beside the prefill's: the
+def anchor_config(layer_ids, folder: str, max_model_len: int | None = None) -> dict:
+    """The engine arguments of vLLM's own extraction, beside the prefill's: the generator's
+    ``max_model_len`` (the model's own would size a KV cache for one request of its full length,
+    which an 8B's 32,768 tokens do not fit in an 80 GB card's 0.3 share beside two engines); the
     ``extract_hidden_states`` speculative method (one proposed token, always accepted; its
     ``ExtractHiddenStatesModel`` stores the target's auxiliary states of every scheduled token in
     a cache-only attention layer) and the connector that copies each finished request's rows out
@@ -325,9 +328,10 @@ def anchor_config(layer_ids, folder: str) -> dict:
           "kv_connector_extra_config": {"shared_storage_path": folder}}
     if os.environ.get(ANCHOR_MODULE_ENV):
         kv["kv_connector_module_path"] = os.environ[ANCHOR_MODULE_ENV]
-    return {"speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                                   "draft_model_config": {"hf_config": {
-                                       "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layer_ids]}}},
+    length = {"max_model_len": max_model_len} if max_model_len else {}
+    return {**length, "speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                             "draft_model_config": {"hf_config": {
+                                                 "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layer_ids]}}},
             "kv_transfer_config": kv}
 
 
@@ -364,13 +368,14 @@ class Anchor:
     generator's results. Not timed: removing the files and their locks after the call
     (``cleanup_s``)."""
 
-    def __init__(self, model: str, batch, layer_ids, util: float, dtype: str, folder: str, tp: int = 1):
+    def __init__(self, model: str, batch, layer_ids, util: float, dtype: str, folder: str, tp: int = 1,
+                 max_model_len: int | None = None):
         from vllm import LLM
 
         self.batch, self.layer_ids, self.folder = batch, list(layer_ids), folder
         self.owned = not Path(folder).exists()  # made here: removed with what is in it at shutdown
         Path(folder).mkdir(parents=True, exist_ok=True)
-        self.config = anchor_config(layer_ids, folder)
+        self.config = anchor_config(layer_ids, folder, max_model_len)
         self.held: list = []
         self.paths: list[str] = []
         t = time.time()
@@ -691,10 +696,11 @@ class _Bench:
         figures fail soft)."""
         base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
         folder = folder or f"{base}/gpu-extract-anchor-{os.getpid()}"
-        self.report["vllm_extract"] = {"engine_args": anchor_config(self.layer_ids, folder)}
+        length = self.gen.vllm_config.model_config.max_model_len  # the generator's: the same requests fit
+        self.report["vllm_extract"] = {"engine_args": anchor_config(self.layer_ids, folder, length)}
         try:
             self.anchor = Anchor(self.model, self.batch, self.layer_ids, util or self.util, self.dtype, folder,
-                                 self.tp)
+                                 self.tp, length)
             self.report["vllm_extract"] = self.anchor.describe()
             self.modes["vllm_extract"] = self.anchor
         except Exception as exc:  # noqa: BLE001 - recorded; the other modes are still measured
