@@ -4,6 +4,7 @@
     python benchmarks/gpu_extract.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024] [--async] [--before] [--late] [--worker-profile]
                                                                 [--vllm-extract [--vllm-extract-dir DIR]] [--tp N]
     python benchmarks/gpu_extract.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR] [--prefill-json BENCH_FILE]
+                                                                [--runs N] [--writer torch|direct] [--disk-writers 4]
     python benchmarks/gpu_extract.py selfcheck MODEL --out FILE [--tp N] [--prompts 32] [--len 1024]
 
 ``bench``: one process, every engine alive on the same GPU(s) (``--tp N``: each engine tensor parallel over N), built once: vLLM's own eager prefill
@@ -61,20 +62,26 @@ every engine takes its own ``gpu_memory_utilization`` share (do not add it to ``
 module whose ``ExampleHiddenStatesConnector`` replaces vLLM's (``kv_connector_module_path``; then the
 figures are not vLLM's, and the report says so in ``engine_args``).
 
-``stock``: the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads, their
-futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches, saving to
-``--disk``; before it, that disk's own write bandwidth (``--disk-gib`` of data written and fsynced
-in 64 MiB blocks) and the save path's (``--save-gib`` of samples of the run's shape, from a
-shared-memory segment as ``results-in-place`` hands them out, saved by 4 threads through
-``atomic-save``: temporary file, fsync, rename; and, for comparison, plain ``torch.save`` with one
-``sync`` at the end). Reported: the pipeline -- from the start of the first ``generate()`` to the
-last file complete (its rename) -- in samples/s, tokens/s and bytes/s, against the disk's bandwidth
-and (``--prefill-json``: a ``bench`` report of the same model) against the prefill; which of the two
-bounds the run (``limited_by``) and the ratio to it; the start-up and the teardown around it; each
-call's seconds, the script's own time between the calls and the saves still running after the
-last; the held results' peak and the time ``generate()`` waited for them (the run's
-summary line); the driver's and its workers' resident memory and ``/dev/shm`` use, sampled every
-0.2 s (bounded: the held results wait).
+``stock``: the real job, the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads,
+their futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches of
+``--batch`` x ``--len`` tokens, saving to ``--disk``, ``--runs`` times (the output removed between
+runs); before them, that disk's own write bandwidth (``--disk-gib`` of data in 64 MiB writes, then
+fsync, by one writer and by ``--disk-writers`` at once: ``disk_bytes_s_writers``; the better one is
+what the disk takes, ``disk_bytes_s_best``) and the save path's (``--save-gib`` of samples of the
+run's shape, from a shared-memory segment as ``results-in-place`` hands them out, saved by 4 threads
+through ``atomic-save`` -- temporary file, fsync, rename -- with its direct writer and with
+``torch.save``'s own, and plain ``torch.save`` with one ``sync`` at the end). Each run: the extraction
+phase -- from the start of the first ``generate()`` to the last file complete (its rename) -- in
+samples/s, tokens/s and bytes/s; with ``--prefill-json`` (a ``bench`` report of the same model) the
+limit, the lower of its eager prefill (tokens/s) and the disk's best bandwidth over the bytes a token
+writes (``limited_by``, ``limit_tokens_s``), and the figure ``ratio_to_limit`` (tokens/s over the
+limit; bar 0.90) with ``wall_ratio_to_limit`` (the same over launch to exit) beside it; the
+start-up and the teardown; each call's seconds, the script's own time between the calls and the saves
+still running after the last; the held results' peak and the time ``generate()`` waited for them (the
+run's summary line); the driver's and its workers' resident memory and ``/dev/shm`` use, sampled every
+0.2 s (bounded: the held results wait). The runs' medians and spread (``*_median``, ``*_spread``) at
+the top, each run under ``runs``. ``--writer torch`` runs the script with
+``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (the save path before the direct writer).
 
 ``selfcheck``: the self-check's separation on MODEL (any checkpoint: the GPU tests' Llama,
 DeepSeek-V3 MLA and Kimi-shaped INT4 models, ``tests/gpu/models.py``), with the stock default
@@ -923,29 +930,42 @@ def _blocking_sample(self, grammar_output, *a, **k):
 _ORIG: dict = {}
 
 
-def disk_bandwidth(folder: Path, gib: float) -> float:
-    """Bytes/s of writing ``gib`` GiB to a new file in ``folder`` (64 MiB writes, then fsync)."""
+def disk_bandwidth(folder: Path, gib: float, writers: int = 1) -> float:
+    """Bytes/s of writing ``gib`` GiB to ``writers`` new files in ``folder`` at once, one thread each
+    (64 MiB writes, then fsync), until the last file is on the disk."""
+    from concurrent.futures import ThreadPoolExecutor
+
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ".bandwidth"
     block = os.urandom(1 << 20) * 64
-    n = max(1, int(gib * 16))
+    n = max(1, int(gib * 16 / writers))
+
+    def write(i: int) -> None:
+        with open(folder / f".bandwidth{i}", "wb") as f:
+            for _ in range(n):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+
+    os.sync()
     t = time.perf_counter()
-    with open(path, "wb") as f:
-        for _ in range(n):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
+    with ThreadPoolExecutor(writers) as pool:
+        list(pool.map(write, range(writers)))
     dt = time.perf_counter() - t
-    path.unlink()
-    return n * len(block) / dt
+    for i in range(writers):
+        (folder / f".bandwidth{i}").unlink()
+    return writers * n * len(block) / dt
 
 
 def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: int, rounds: int = 2) -> dict:
     """Bytes/s of the stock script's save path, from memory the way ``results-in-place`` hands it
-    out (blocks of one shared-memory segment, each its own tensor), 4 threads: through
-    ``atomic-save`` (temporary file, fsync, rename: what ``speculators-compat run`` does), and plain
-    ``torch.save`` to the final name with one ``sync`` at the end (what the stock script does,
-    made durable). Alternated, ``rounds`` times each; medians."""
+    out (blocks of one shared-memory segment, each its own tensor), 4 threads as the stock script:
+    through ``atomic-save`` (temporary file, fsync, rename: what ``speculators-compat run`` does)
+    with its direct writer (``direct``: the storages written by ``os.pwrite`` outside the GIL, no
+    CRC) and with ``torch.save``'s own writer (``torch``: ``SPECULATORS_COMPAT_SAVE_WRITER=torch``,
+    the save path before the direct writer); plain ``torch.save`` to the final name with one
+    ``sync`` at the end (``plain4_sync``: the stock script without ``atomic-save``, made durable); and
+    ``direct`` with one ``sync`` at the end instead of an fsync per file (``direct_one_sync``).
+    Alternated, ``rounds`` times each; medians."""
     import mmap
     import shutil
     from concurrent.futures import ThreadPoolExecutor
@@ -956,6 +976,7 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
     from speculators_compat.run import atomic
     from speculators_compat.patches.guards import atomic_save
 
+    atomic_save._direct[:] = [atomic_save.direct_writer_fits(torch) is None]  # as when the patch applies
     block = length * hidden * 2
     n = max(4, int(gib * 2**30 // (block * layers)))
     path = f"/dev/shm/gpu-extract-save-{os.getpid()}"
@@ -976,7 +997,8 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
                                   .view(torch.bfloat16).view(length, hidden) for j in range(layers)],
                 "loss_mask": torch.ones(length, dtype=torch.long)} for i in range(n)]
 
-    def atomic4(out: Path):
+    def atomic4(out: Path, writer: str):
+        os.environ[atomic_save.WRITER_ENV] = writer
         atomic.protect(out)
         try:
             with ThreadPoolExecutor(4) as pool:
@@ -985,6 +1007,7 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
                     f.result()
         finally:
             atomic.unprotect(out)
+            os.environ.pop(atomic_save.WRITER_ENV, None)
 
     def plain4(out: Path):
         with ThreadPoolExecutor(4) as pool:
@@ -992,22 +1015,38 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
                 f.result()
         os.sync()
 
-    got: dict = {"atomic4": [], "plain4_sync": []}
+    def one_sync(out: Path):
+        """``direct`` with no fsync per file, one ``sync`` at the end: what one sync per batch of
+        files instead of one per file could gain (the benchmark's own variant, not a mode)."""
+        fsync = os.fsync
+        os.fsync = lambda fd: None
+        try:
+            atomic4(out, "direct")
+        finally:
+            os.fsync = fsync
+        os.sync()
+
+    ways = {"direct": lambda out: atomic4(out, "direct"), "torch": lambda out: atomic4(out, "torch"),
+            "plain4_sync": plain4, "direct_one_sync": one_sync}
+    got: dict = {name: [] for name in ways}
     for r in range(rounds):
-        for name, fn in sorted(got.items(), reverse=bool(r % 2)):
+        names = list(ways)
+        for name in names[r % len(names):] + names[:r % len(names)]:
             out = folder / f".save-{name}"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             os.sync()
             t = time.perf_counter()
-            (atomic4 if name == "atomic4" else plain4)(out)
+            ways[name](out)
             dt = time.perf_counter() - t
-            fn.append(sum(f.stat().st_size for f in out.iterdir()) / dt)
+            got[name].append(sum(f.stat().st_size for f in out.iterdir()) / dt)
             shutil.rmtree(out)
     del samples, whole
     mm.close()
-    return {"samples": n, "sample_bytes": layers * block, "bytes_s": {k: round(statistics.median(v)) for k, v in got.items()},
-            "runs_bytes_s": {k: [round(x) for x in v] for k, v in got.items()}}
+    return {"samples": n, "sample_bytes": layers * block, "direct_writer": bool(atomic_save._direct[0]),
+            "bytes_s": {k: round(statistics.median(v)) for k, v in got.items()},
+            "runs_bytes_s": {k: [round(x) for x in v] for k, v in got.items()},
+            "direct_over_torch": round(statistics.median(got["direct"]) / statistics.median(got["torch"]), 2)}
 
 
 _GEN_LINE = re.compile(r"generate\(\): (\d+) sequences, (\d+) tokens, .* ([\d.]+) s")
@@ -1030,29 +1069,64 @@ def _shm_used() -> int:
 
 
 def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path, disk_gib: float,
-          util: float, prefill_json: str | None = None, save_gib: float = 2.0) -> dict:
-    """The ``stock`` command (the module's docstring says what it measures): the disk's and the save
-    path's bandwidth, then the stock script through ``speculators-compat run``, its memory sampled;
-    the report written to ``out`` and printed."""
+          util: float, prefill_json: str | None = None, save_gib: float = 2.0, runs: int = 1,
+          writer: str | None = None, disk_writers: int = 4) -> dict:
+    """The ``stock`` command (the module's docstring says what it measures): the disk's bandwidth
+    (one writer and ``disk_writers``) and the save path's, then ``runs`` runs of the stock script
+    through ``speculators-compat run`` (the output removed between them), their memory sampled;
+    the report written to ``out`` and printed. ``writer``: ``SPECULATORS_COMPAT_SAVE_WRITER`` for the
+    runs (``torch``: the save path before the direct writer)."""
     cfg = json.loads((Path(model) / "config.json").read_text())
     layers_n = cfg["num_hidden_layers"]
     layer_ids = [2, layers_n // 2, layers_n - 3, layers_n - 1]
     report: dict = {"model": model, "calls": calls, "batch": batch, "length": length,
                     "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None,
-                    "async_steps_env": os.environ.get("SPECULATORS_COMPAT_ASYNC_STEPS")}
+                    "async_steps_env": os.environ.get("SPECULATORS_COMPAT_ASYNC_STEPS"),
+                    "save_writer": writer or "as installed (direct where torch allows)"}
     report["disk_bytes_s"] = round(disk_bandwidth(disk, disk_gib))
+    report["disk_bytes_s_writers"] = {"1": report["disk_bytes_s"]}
+    if disk_writers > 1:
+        report["disk_bytes_s_writers"][str(disk_writers)] = round(disk_bandwidth(disk, disk_gib, disk_writers))
+    #: what the disk takes: the better of one writer and several (fsync included)
+    report["disk_bytes_s_best"] = max(report["disk_bytes_s_writers"].values())
     if save_gib > 0:
         report["save_path"] = save_bandwidth(disk, save_gib, cfg["hidden_size"], len(layer_ids), length)
-        report["save_path"]["ratio_to_disk"] = {k: round(v / report["disk_bytes_s"], 3)
+        report["save_path"]["ratio_to_disk"] = {k: round(v / report["disk_bytes_s_best"], 3)
                                                 for k, v in report["save_path"]["bytes_s"].items()}
     data, rows = _stock_dataset(disk, calls * batch, length, cfg["vocab_size"])
+    bench_report = None
+    if prefill_json and not Path(prefill_json).exists():
+        report["prefill_json_missing"] = prefill_json  # run bench first: the runs are kept, without the ratios
+    elif prefill_json:
+        bench_report = json.loads(Path(prefill_json).read_text())
+    env = dict(os.environ, **({"SPECULATORS_COMPAT_SAVE_WRITER": writer} if writer else {}))
+    report["runs"] = []
+    for i in range(runs):
+        one = _stock_run(model, disk, data, rows, length, batch, util, layer_ids, env,
+                         Path(f"{out}.child{'' if i == 0 else i + 1}.log"))
+        if bench_report is not None and "tokens_s" in one:
+            _against_prefill(one, report, bench_report, len(layer_ids) * cfg["hidden_size"] * 2)
+        if i:
+            one.pop("rss_gib_samples", None)
+        report["runs"].append(one)
+        print(json.dumps({k: v for k, v in one.items() if k not in ("rss_gib_samples", "call_s", "log_tail")}),
+              flush=True)
+    _summarize_runs(report)
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}), flush=True)
+    return report
+
+
+def _stock_run(model: str, disk: Path, data: Path, rows: list, length: int, batch: int, util: float, layer_ids,
+               env: dict, log: Path) -> dict:
+    """One run of the stock script into ``disk/out`` (removed before and after): its figures."""
     outdir = disk / "out"
     subprocess.run(["rm", "-rf", str(outdir)], check=True)
     cmd = _stock_command(model, data, outdir, length, batch, util, layer_ids)
     t_start = time.time()
-    rc, lines, samples, end = _run_sampled(cmd)
-    Path(f"{out}.child.log").write_text("\n".join(line for _, line in lines) + "\n")  # the whole run's output
-    report["rc"] = rc
+    rc, lines, samples, end = _run_sampled(cmd, env)
+    log.write_text("\n".join(line for _, line in lines) + "\n")  # the whole run's output
+    report: dict = {"rc": rc}
     report["log_tail"] = [line for _, line in lines if any(k in line for k in ("run:", "saved", "Error", "WARNING"))][-8:]
     files = sorted(outdir.glob("data_*.pt"))
     gen = [(t, int(m.group(1)), int(m.group(2)), float(m.group(3))) for t, line in lines
@@ -1060,24 +1134,35 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
     report.update(files=len(files), bytes=sum(f.stat().st_size for f in files), run_s=round(end - t_start, 1))
     if not (files and gen):
         report["error"] = "no file saved or no generate() line seen"
-        out.write_text(json.dumps(report, indent=1))
-        print(json.dumps(report), flush=True)
+        subprocess.run(["rm", "-rf", str(outdir)], check=True)
         return report
     done = sorted(f.stat().st_ctime for f in files)  # the rename (and the chmod just before it)
-    first_call = _pipeline_figures(report, gen, done, sum(len(r) for r in rows[:len(files)]), t_start, end)
+    report["tokens"] = sum(len(r) for r in rows[:len(files)])
+    first_call = _pipeline_figures(report, gen, done, report["tokens"], t_start, end)
     run = next((m for _, line in lines if (m := _RUN_LINE.search(line))), None)
     if run:
         _generate_figures(report, run)
-    if prefill_json and not Path(prefill_json).exists():
-        report["prefill_json_missing"] = prefill_json  # run bench first: the run is kept, without the ratios
-        prefill_json = None
-    if prefill_json:
-        _against_prefill(report, json.loads(Path(prefill_json).read_text()), len(layer_ids) * cfg["hidden_size"] * 2)
     _memory_figures(report, samples, first_call, done[-1], t_start)
-    out.write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: v for k, v in report.items() if k not in ("rss_gib_samples", "call_s", "log_tail")}),
-          flush=True)
+    subprocess.run(["rm", "-rf", str(outdir)], check=True)
     return report
+
+
+def _summarize_runs(report: dict) -> None:
+    """The runs' medians and spread (min, max) of the figures that compare runs."""
+    done = [r for r in report["runs"] if "tokens_s" in r]
+    report["runs_ok"] = len(done)
+    for key in ("tokens_s", "bytes_s", "ratio_to_limit", "wall_ratio_to_limit", "ratio_to_prefill", "ratio_to_disk",
+                "pipeline_s", "held_results_waited_s"):
+        values = [r[key] for r in done if r.get(key) is not None]
+        if values:
+            report[f"{key}_median"] = round(statistics.median(values), 3)
+            report[f"{key}_spread"] = [min(values), max(values)]
+    if done and "limit_tokens_s" in done[0]:
+        report["limited_by"] = done[0]["limited_by"]
+        report["limit_tokens_s"] = done[0]["limit_tokens_s"]
+        report["target"] = STOCK_TARGET
+        report["meets_target"] = (report.get("ratio_to_limit_median", 0) >= STOCK_TARGET
+                                  and all(r["rc"] == 0 for r in report["runs"]))
 
 
 def _stock_dataset(disk: Path, count: int, length: int, vocab: int) -> tuple[Path, list[list[int]]]:
@@ -1099,13 +1184,13 @@ def _stock_command(model: str, data: Path, outdir: Path, length: int, batch: int
             "--layer-ids", *map(str, layer_ids)]
 
 
-def _run_sampled(cmd: list) -> tuple[int, list, list, float]:
+def _run_sampled(cmd: list, env: dict | None = None) -> tuple[int, list, list, float]:
     """Run ``cmd`` to its end: its exit code, its output lines with the time each arrived, the
     samples ``(time, driver RSS, driver + workers RSS, /dev/shm used since the start)`` taken every
     0.2 s, and when it ended."""
     samples: list[tuple[float, float, float, int]] = []
     shm0 = _shm_used()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[tuple[float, str]] = []
 
     def read():
@@ -1141,7 +1226,6 @@ def _pipeline_figures(report: dict, gen: list, done: list, tokens: int, t_start:
         between_calls_s=round(sum(gaps), 2), between_calls_median_s=round(statistics.median(gaps or [0]), 3),
         after_last_call_s=round(done[-1] - gen[-1][0], 2),
         samples_s=round(report["files"] / window, 1), tokens_s=round(tokens / window), bytes_s=round(nbytes / window),
-        ratio_to_disk=round(nbytes / window / report["disk_bytes_s"], 3),
     )
     return first_call
 
@@ -1157,19 +1241,29 @@ def _generate_figures(report: dict, run) -> None:
         report["held_results_peak_gib"] = float(run.group(7))
 
 
-def _against_prefill(report: dict, bench_report: dict, state_bytes: int) -> None:
-    """The run against the prefill of a ``bench`` report of the same model (``state_bytes``: a
-    token's states, bf16), and against what bounds it: the prefill or a slower disk."""
+def _against_prefill(run: dict, report: dict, bench_report: dict, state_bytes: int) -> None:
+    """One run against what bounds it: the prefill of a ``bench`` report of the same model
+    (tokens/s) or the disk (its best bandwidth, fsync included, over the bytes a token writes:
+    the files' bytes over their tokens; ``state_bytes``: a token's states alone, bf16). The figure,
+    ``ratio_to_limit``: the extraction phase's tokens/s (first call to last file complete) over the
+    lower of the two; ``wall_ratio_to_limit``: the same over the run's wall clock (launch to exit)."""
     prefill = bench_report["median_tokens_s"]["prefill"]
-    report["prefill_tokens_s"] = round(prefill)
-    report["prefill_bytes_s"] = round(prefill * state_bytes)
-    report["ratio_to_prefill"] = round(report["tokens_s"] / prefill, 3)
-    if "generate" in report:
-        report["generate"]["ratio_to_prefill"] = round(report["generate"]["tokens_s"] / prefill, 3)
-    report["limited_by"] = "disk" if report["disk_bytes_s"] < report["prefill_bytes_s"] else "prefill"
-    report["ratio_to_bound"] = report["ratio_to_disk" if report["limited_by"] == "disk" else "ratio_to_prefill"]
-    report["target"] = STOCK_TARGET
-    report["meets_target"] = report["ratio_to_bound"] >= STOCK_TARGET and report["rc"] == 0
+    disk = report["disk_bytes_s_best"]
+    bytes_per_token = run["bytes"] / run["tokens"]
+    run["prefill_tokens_s"] = round(prefill)
+    run["prefill_bytes_s"] = round(prefill * bytes_per_token)
+    run["bytes_per_token"] = round(bytes_per_token, 1)
+    run["state_bytes_per_token"] = state_bytes
+    run["disk_tokens_s"] = round(disk / bytes_per_token)
+    run["ratio_to_prefill"] = round(run["tokens_s"] / prefill, 3)
+    run["ratio_to_disk"] = round(run["bytes_s"] / disk, 3)
+    if "generate" in run:
+        run["generate"]["ratio_to_prefill"] = round(run["generate"]["tokens_s"] / prefill, 3)
+    run["limited_by"] = "disk" if run["disk_tokens_s"] < prefill else "prefill"
+    run["limit_tokens_s"] = min(run["disk_tokens_s"], round(prefill))
+    run["ratio_to_limit"] = round(run["tokens_s"] / run["limit_tokens_s"], 3)
+    run["wall_ratio_to_limit"] = round(run["tokens"] / run["run_s"] / run["limit_tokens_s"], 3)
+    run["ratio_to_bound"] = run["ratio_to_limit"]
 
 
 def _memory_figures(report: dict, samples: list, first_call: float, last_saved: float, t_start: float) -> None:
@@ -1303,6 +1397,10 @@ def main(argv=None):
     s.add_argument("--util", type=float, default=0.5)
     s.add_argument("--save-gib", type=float, default=2.0, help="the save path's own bandwidth on this much (0: skip)")
     s.add_argument("--prefill-json", help="a bench report of the same model: the run against its prefill")
+    s.add_argument("--runs", type=int, default=1, help="runs of the stock script (medians and spread)")
+    s.add_argument("--writer", choices=("torch", "direct"),
+                   help="SPECULATORS_COMPAT_SAVE_WRITER for the runs (torch: the save path before the direct writer)")
+    s.add_argument("--disk-writers", type=int, default=4, help="the disk's bandwidth with this many writers too")
     c = sub.add_parser("selfcheck")
     c.add_argument("model")
     c.add_argument("--out", required=True)
@@ -1326,7 +1424,7 @@ def main(argv=None):
               args.vllm_extract_util, args.tp)
     else:
         stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib, args.util,
-              args.prefill_json, args.save_gib)
+              args.prefill_json, args.save_gib, args.runs, args.writer, args.disk_writers)
 
 
 if __name__ == "__main__":

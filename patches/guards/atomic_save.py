@@ -17,25 +17,63 @@ other destination (a file object, another folder, every write when nothing is re
 goes through unchanged. A kill leaves at most a temporary file, which the next run's resume
 sets aside.
 
+Speed (the stock script saves on 4 threads; the run must keep up with the prefill or the disk):
+``torch.save`` writes every tensor's bytes through its C++ zip writer while holding the GIL and
+computing a CRC-32 of them, so the 4 threads save one at a time, at the speed of one core's
+CRC. A ``torch.save(obj, path)`` into the protected folder with torch's defaults is therefore
+written by :func:`_direct_save`: torch's own ``_save`` writes the archive (the pickle, the
+records' headers, the central directory) with every storage's record left as a hole of its size
+(``write_record_metadata``, what ``torch.serialization.skip_data`` does), then each storage's bytes
+go into their hole with ``os.pwrite``, which releases the GIL. The archive is the one
+``torch.save`` writes, except that the records' CRC-32 fields are 0, as with
+``torch.serialization.set_crc32_options(False)``: ``torch.load`` reads it (it does not check them);
+a zip tool's ``testzip`` reports them. ``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (read at each save)
+writes with ``torch.save`` itself instead, and so does a save with other arguments, or a torch whose
+``_save`` / ``PyTorchFileWriter.write_record_metadata`` have another shape (found when the patch
+applies).
+
+Errors on time: the stock script looks at its save futures only after its last batch, so a save
+that fails (a full disk, a permission) would surface hours later. A failed write into the folder
+is recorded (:func:`speculators_compat.run.atomic.record_failure`) and re-raised as before; the
+generator's ``generate()`` is wrapped to raise it at its next call as
+:class:`speculators_compat.run.atomic.SaveFailedError` (an ``OSError`` with the original's
+``errno``; the original is its ``__cause__``), before any request is sent.
+
 Detection: ``torch.save`` takes ``(obj, f, ...)``; ``Path.write_text`` / ``write_bytes``
-take ``(data, ...)``. A guard that does not depend on the vLLM release: applied wherever its
+take ``(data, ...)``; the generator defines ``generate``. The direct writer: ``torch.serialization._save``
+takes ``(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record)`` and
+``torch._C.PyTorchFileWriter`` has ``write_record_metadata`` (torch 2.6 and later); each record's
+size in the written archive is checked against its storage's before its bytes are written. A guard that does not depend on the vLLM release: applied wherever its
 probe finds these calls.
 
 Covers: speculators 0.3.x and 0.4.x from vLLM 0.11.1 on (the same torch and stdlib calls on
 every release).
 
-Remove when the stock script saves atomically (not in speculators 0.3.0 - 0.4.x).
+Remove when the stock script saves atomically (not in speculators 0.3.0 - 0.4.x); the direct writer
+when ``torch.save`` writes its records without holding the GIL.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 import pathlib
+import struct
 
 from speculators_compat.core.registry import Kind, Patch, Probe, Side
 from speculators_compat.core.targets import GENERATOR
 
 from .._ranges import SPECULATORS_ALL
+
+log = logging.getLogger("speculators_compat.atomic_save")
+
+#: ``SPECULATORS_COMPAT_SAVE_WRITER=torch``: protected saves through ``torch.save`` itself
+WRITER_ENV = "SPECULATORS_COMPAT_SAVE_WRITER"
+#: torch's ``_save`` parameters the direct writer passes
+_SAVE_PARAMS = ["obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record"]
+#: whether the direct writer can be used with this torch (set when the patch applies)
+_direct: list[bool] = []
 
 
 def _judge(save_params: list[str] | None) -> Probe:
@@ -61,6 +99,99 @@ def static_probe(view) -> Probe:
     return _judge(list(params) if params else None)
 
 
+def direct_writer_fits(torch) -> str | None:
+    """``None`` if this torch's ``_save`` and zip writer have the shape :func:`_direct_save` uses,
+    else what differs."""
+    params = list(inspect.signature(torch.serialization._save).parameters)
+    if params != _SAVE_PARAMS:
+        return f"torch.serialization._save takes {params}, expected {_SAVE_PARAMS}"
+    for name in ("write_record_metadata", "write_record", "write_end_of_file"):
+        if not hasattr(torch._C.PyTorchFileWriter, name):
+            return f"torch._C.PyTorchFileWriter has no {name}"
+    if not callable(getattr(torch.serialization, "_get_storage_alignment", None)):
+        return "torch.serialization has no _get_storage_alignment"
+    return None
+
+
+class _Holes:
+    """The zip writer as ``torch.serialization._save`` sees it: a storage's record gets its header
+    and a hole of its size; the storage is kept to be written into the hole afterwards."""
+
+    def __init__(self, writer, storage_type) -> None:
+        self._writer = writer
+        self._storage_type = storage_type
+        self.storages: list[tuple[str, object, int]] = []
+
+    def write_record(self, name, data, size):
+        if isinstance(data, self._storage_type):
+            self.storages.append((name, data, size))
+            return self._writer.write_record_metadata(name, size)
+        return self._writer.write_record(name, data, size)
+
+    def write_record_metadata(self, name, size):
+        return self._writer.write_record_metadata(name, size)
+
+
+def _data_offsets(path: str, names: list[str]) -> dict[str, tuple[int, int]]:
+    """Each record's (data offset, size) in the zip archive at ``path`` (its local headers)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z, open(path, "rb") as fh:
+        infos = {info.filename.split("/", 1)[-1]: info for info in z.infolist()}
+        offsets = {}
+        for name in names:
+            info = infos[name]
+            fh.seek(info.header_offset)
+            header = fh.read(30)
+            if header[:4] != b"PK\x03\x04":
+                raise OSError(f"{path}: record {name} has no local header at {info.header_offset}")
+            name_len, extra_len = struct.unpack("<HH", header[26:30])
+            offsets[name] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
+    return offsets
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+
+
+def _direct_save(obj, path: str) -> None:
+    """``torch.save(obj, path)``, the storages' bytes written with ``os.pwrite`` (the GIL released)
+    and no CRC-32 (the module's docstring)."""
+    import pickle
+
+    import torch
+
+    ser = torch.serialization
+    writer = torch._C.PyTorchFileWriter(path, False, ser._get_storage_alignment())
+    holes = _Holes(writer, torch.UntypedStorage)
+    ser._save(obj, holes, pickle, ser.DEFAULT_PROTOCOL, False)
+    writer.write_end_of_file()
+    del writer  # closes the file
+    if not holes.storages:
+        return
+    offsets = _data_offsets(path, [name for name, _, _ in holes.storages])
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for name, storage, size in holes.storages:
+            offset, in_archive = offsets[name]
+            if in_archive != size or storage.nbytes() != size:
+                raise RuntimeError(f"atomic-save: record {name} of {path} holds {in_archive} bytes, "
+                                   f"its storage {storage.nbytes()} (expected {size})")
+            if size:
+                data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,))
+                _pwrite_all(fd, memoryview(data.numpy()).cast("B"), offset)
+    finally:
+        os.close(fd)
+
+
+def _use_direct(args, kwargs) -> bool:
+    """The direct writer for ``torch.save(obj, f)`` with torch's defaults only."""
+    return (bool(_direct) and _direct[0] and len(args) + len(kwargs) == 2
+            and os.environ.get(WRITER_ENV, "").strip().lower() != "torch")
+
+
 def _torch_save(wrapped, instance, args, kwargs):
     from speculators_compat.run import atomic
 
@@ -69,10 +200,24 @@ def _torch_save(wrapped, instance, args, kwargs):
     final = atomic.protected(target)
     if final is None:
         return wrapped(*args, **kwargs)
-    with atomic.atomic_path(final) as tmp:
-        if in_kwargs:
-            return wrapped(*args, **{**kwargs, "f": tmp})
-        return wrapped(args[0], tmp, *args[2:], **kwargs)
+    try:
+        with atomic.atomic_path(final) as tmp:
+            if _use_direct(args, kwargs):
+                return _direct_save(args[0] if args else kwargs["obj"], tmp)
+            if in_kwargs:
+                return wrapped(*args, **{**kwargs, "f": tmp})
+            return wrapped(args[0], tmp, *args[2:], **kwargs)
+    except OSError as error:
+        atomic.record_failure(final, error)
+        raise
+
+
+def _generate(wrapped, instance, args, kwargs):
+    """A save into the output folder failed since the last call: stop here, with that error."""
+    from speculators_compat.run import atomic
+
+    atomic.raise_if_failed()
+    return wrapped(*args, **kwargs)
 
 
 def _path_write(wrapped, instance, args, kwargs):
@@ -81,15 +226,24 @@ def _path_write(wrapped, instance, args, kwargs):
     final = atomic.protected(instance)
     if final is None:
         return wrapped(*args, **kwargs)
-    with atomic.atomic_path(final) as tmp:
-        # the temporary name is never protected: this call goes straight to pathlib
-        return getattr(type(instance)(tmp), wrapped.__name__)(*args, **kwargs)
+    try:
+        with atomic.atomic_path(final) as tmp:
+            # the temporary name is never protected: this call goes straight to pathlib
+            return getattr(type(instance)(tmp), wrapped.__name__)(*args, **kwargs)
+    except OSError as error:
+        atomic.record_failure(final, error)
+        raise
 
 
 def apply(module, patcher) -> None:
     import torch
 
+    unfit = direct_writer_fits(torch)
+    if unfit:
+        log.info("atomic-save: saves through torch.save itself (%s)", unfit)
+    _direct[:] = [unfit is None]
     patcher.wrap(torch, "save", _torch_save)
+    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
     patcher.wrap(pathlib.Path, "write_text", _path_write)
     patcher.wrap(pathlib.Path, "write_bytes", _path_write)
 
@@ -97,11 +251,12 @@ def apply(module, patcher) -> None:
 PATCH = Patch(
     id="atomic-save",
     title="atomic writes into the run's output folder",
-    delta="torch.save / Path.write_text straight to the final name (truncated files after a kill) -> temporary file, fsync, rename",
-    api="torch.save / pathlib.Path.write_text / pathlib.Path.write_bytes",
+    delta="torch.save / Path.write_text straight to the final name (truncated files after a kill), a failed save seen after the last batch -> temporary file (storages written outside the GIL), fsync, rename; the next generate() raises a failed save",
+    api="torch.save / pathlib.Path.write_text / pathlib.Path.write_bytes / VllmHiddenStatesGenerator.generate",
     side=Side.DRIVER,
     kind=Kind.GUARD,
     depends_on=(),
+    after=("worker-death",),  # wraps generate() outermost: a failed save stops the call before anything runs
     target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,

@@ -9,6 +9,12 @@ and the test matrix's validation records all write through it.
 :func:`protect` registers a folder whose writes must be atomic even when the writer is not ours:
 the ``atomic-save`` patch routes every ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes``
 whose destination :func:`protected` names through :func:`atomic_path`.
+
+A write into a protected folder that fails (a full disk, a permission) is remembered
+(:func:`record_failure`): the stock script awaits its save futures only after its last batch, so the
+``atomic-save`` patch calls :func:`raise_if_failed` at the start of every ``generate()`` and the run
+stops at its next call with :class:`SaveFailedError` (an ``OSError`` with the original's ``errno``,
+``strerror`` and file name; the original is its ``__cause__``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_text", "is_temporary", "protect", "unprotect", "protected", "TEMP_RE"]
+__all__ = ["atomic_path", "write_text", "is_temporary", "protect", "unprotect", "protected", "TEMP_RE",
+           "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures"]
 
 #: the temporary files of :func:`atomic_path`: ``.<final name>.<random>.tmp``
 TEMP_PREFIX = "."
@@ -30,6 +37,14 @@ TEMP_RE = re.compile(r"^\.(?P<final>.+)\.[^.]+\.tmp$")
 _protected: set[str] = set()
 _umask: list[int] = []
 _guard = threading.Lock()
+#: the first write into a protected folder that failed: (final path, the error)
+_failed: list[tuple[Path, OSError]] = []
+
+
+class SaveFailedError(OSError):
+    """A write into the run's output folder failed (raised at the next ``generate()``). An
+    ``OSError`` with the failed write's ``errno``, ``strerror`` and ``filename`` (its final name);
+    the original error is its ``__cause__``."""
 
 
 def is_temporary(name: str) -> bool:
@@ -108,3 +123,29 @@ def protected(target) -> Path | None:
     if os.path.realpath(path.parent) not in _protected:
         return None
     return path
+
+
+def record_failure(final: str | os.PathLike, error: OSError) -> None:
+    """Remember that the write of ``final`` into a protected folder failed with ``error`` (the
+    first failure is kept; the writer re-raises it as before)."""
+    with _guard:
+        if not _failed:
+            _failed.append((Path(final), error))
+
+
+def raise_if_failed() -> None:
+    """Raise :class:`SaveFailedError` if a write into a protected folder has failed; the failure
+    stays recorded, so every later call raises it too."""
+    with _guard:
+        if not _failed:
+            return
+        final, error = _failed[0]
+    message = (f"saving {final.name} into {final.parent} failed: {error.strerror or error}; "
+               "stopping before the next batch (the samples already saved are complete)")
+    raise SaveFailedError(error.errno, message, str(final)) from error
+
+
+def clear_failures() -> None:
+    """Forget recorded failures (a new run in the same process, tests)."""
+    with _guard:
+        _failed.clear()

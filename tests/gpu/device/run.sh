@@ -31,7 +31,8 @@
 #             $OUT/bench-<model>.json (also kept in $BM for `stock`); BENCH_ARGS adds options
 #   stock     benchmarks/gpu_extract.py stock on llama-8b: the stock script through `speculators-compat
 #             run`, $STOCK_CALLS (50) calls of 16 x 1024 tokens saved to /tmp/stock, against the disk's
-#             and the save path's bandwidth and the bench's prefill -> $OUT/stock-llama-8b.json
+#             and the save path's bandwidth and the bench's prefill -> $OUT/stock-llama-8b$STOCK_TAG.json
+#             (STOCK_ARGS: e.g. "--batch 8 --runs 2 --writer torch"; its log, stock-<model>$STOCK_TAG.log)
 #   smoke     tests/gpu/device/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
 #   stub34    vLLM 0.33/0.34: the MiniMax-M3 warm-up module (imports the CuTe DSL, not carried) made a
 #             no-op (it returns at once for other models and on SM90); stated in the records
@@ -171,11 +172,11 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
     m=${STOCK_MODEL:-llama-8b}
     timeout ${TMO_STOCK:-290} python3 benchmarks/gpu_extract.py stock "$BM/$m" --out "$BM/stock-$m.json" \
       --calls ${STOCK_CALLS:-50} --batch 16 --disk ${STOCK_DISK:-/tmp/stock} --prefill-json "$BM/bench-$m.json" ${STOCK_ARGS-} \
-      > "$OUT/stock-$m.log" 2>&1; echo "stock $m rc=$?"
+      > "$OUT/stock-$m${STOCK_TAG-}.log" 2>&1; echo "stock $m rc=$? (t=$(( $(date +%s) - T_START ))s)"
     cp "$BM/stock-$m.json" "$OUT/stock-$m${STOCK_TAG-}.json" 2>/dev/null
-    tail -c 400000 "$BM/stock-$m.json.child.log" > "$OUT/stock-$m${STOCK_TAG-}.child.log" 2>/dev/null
+    tail -c 200000 "$BM/stock-$m.json.child.log" > "$OUT/stock-$m${STOCK_TAG-}.child.log" 2>/dev/null
     rm -rf "${STOCK_DISK:-/tmp/stock}/out"
-    grep -E "^\{" "$OUT/stock-$m.log" | cut -c1-1800 | tail -1 ;;
+    grep -E "^\{" "$OUT/stock-$m${STOCK_TAG-}.log" | cut -c1-1500 | tail -1 ;;
   selfcheck)
     # the self-check's separation (correct rows against each test-only fault) on the 8B bench model
     # and the prepared DeepSeek-V3 MLA and Kimi-shaped INT4 models

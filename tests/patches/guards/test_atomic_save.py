@@ -30,3 +30,124 @@ def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):
     finally:
         atomic.unprotect()
     assert sorted(p.name for p in out.iterdir()) == ["data_config.json"]
+
+
+def _sample(torch, length=37, hidden=24):
+    """A sample of the stock script's shape: 4 bf16 layers (one a view into a larger storage,
+    one empty-length-safe), int64 ids and mask."""
+    big = torch.randn(length * 2, hidden).to(torch.bfloat16)
+    return {"input_ids": torch.arange(length), "loss_mask": torch.ones(length, dtype=torch.long),
+            "hidden_states": [torch.randn(length, hidden).to(torch.bfloat16), big[length:],
+                              torch.randn(length, hidden, dtype=torch.float32), torch.zeros(0, hidden)]}
+
+
+def test_the_direct_writer_writes_what_torch_load_reads_back(tmp_path):
+    """The direct writer's archive loads with plain ``torch.load`` (weights_only) into tensors equal
+    to the saved ones, views and an empty tensor included, and holds the same records as
+    ``torch.save``'s archive of the same object."""
+    import zipfile
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from speculators_compat.patches.guards import atomic_save
+
+    if atomic_save.direct_writer_fits(torch):
+        pytest.skip(f"this torch: {atomic_save.direct_writer_fits(torch)}")
+    sample = _sample(torch)
+    atomic_save._direct_save(sample, str(tmp_path / "a.pt"))
+    torch.save(sample, tmp_path / "a_ref.pt")
+    got = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert torch.equal(got["input_ids"], sample["input_ids"]) and torch.equal(got["loss_mask"], sample["loss_mask"])
+    assert len(got["hidden_states"]) == 4
+    for a, b in zip(got["hidden_states"], sample["hidden_states"]):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+    def records(path):
+        with zipfile.ZipFile(path) as z:
+            return [(i.filename.split("/", 1)[1], i.file_size) for i in z.infolist()]
+
+    assert records(tmp_path / "a.pt") == records(tmp_path / "a_ref.pt")
+
+
+def test_a_protected_torch_save_goes_through_the_direct_writer_and_the_switch_turns_it_off(tmp_path, monkeypatch):
+    """``torch.save(obj, path)`` into a protected folder: written by the direct writer (record CRCs
+    0), atomically (no temporary file left), loadable; with ``SPECULATORS_COMPAT_SAVE_WRITER=torch``
+    and with any other argument: by ``torch.save`` itself (CRCs set)."""
+    import zipfile
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from speculators_compat.patches.guards import atomic_save
+
+    if atomic_save.direct_writer_fits(torch):
+        pytest.skip(f"this torch: {atomic_save.direct_writer_fits(torch)}")
+    monkeypatch.setattr(atomic_save, "_direct", [True])
+    out = tmp_path / "out"
+    out.mkdir()
+    sample = _sample(torch)
+
+    def crcs(path):
+        with zipfile.ZipFile(path) as z:
+            return {i.CRC for i in z.infolist() if "/data/" in i.filename and i.file_size}
+
+    atomic.protect(out)
+    try:
+        atomic_save._torch_save(torch.save, None, (sample, out / "data_0.pt"), {})
+        monkeypatch.setenv(atomic_save.WRITER_ENV, "torch")
+        atomic_save._torch_save(torch.save, None, (sample, out / "data_1.pt"), {})
+        monkeypatch.delenv(atomic_save.WRITER_ENV)
+        atomic_save._torch_save(torch.save, None, (sample, out / "data_2.pt"), {"pickle_protocol": 2})
+    finally:
+        atomic.unprotect()
+    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_2.pt"]
+    assert crcs(out / "data_0.pt") == {0}
+    assert 0 not in crcs(out / "data_1.pt") and 0 not in crcs(out / "data_2.pt")
+    for i in range(3):
+        got = torch.load(out / f"data_{i}.pt", weights_only=True)
+        assert all(torch.equal(a, b) for a, b in zip(got["hidden_states"], sample["hidden_states"]))
+
+
+def test_a_failed_save_stops_the_next_generate_call_with_its_error(tmp_path):
+    """A save into the protected folder that fails (here the writer raises ENOSPC) is re-raised to its caller as before, and the next
+    ``generate()`` raises ``SaveFailedError``: an ``OSError`` with the same errno and file name,
+    the original as its ``__cause__``, before the stock call runs. Fails on the code that only
+    re-raised it in the save's future."""
+    import errno
+
+    import pytest
+
+    from speculators_compat.patches.guards import atomic_save
+
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = []
+
+    def full_disk(obj, f, *a, **k):
+        calls.append(f)
+        raise OSError(errno.ENOSPC, "No space left on device", f)
+
+    def stock_generate(*a, **k):
+        calls.append("generate")
+        return "rows"
+
+    atomic.clear_failures()
+    atomic.protect(out)
+    try:
+        assert atomic_save._generate(stock_generate, None, (), {}) == "rows"
+        with pytest.raises(OSError) as raised:
+            atomic_save._torch_save(full_disk, None, ({"x": 1}, out / "data_0.pt"), {"pickle_protocol": 2})
+        assert raised.value.errno == errno.ENOSPC
+        with pytest.raises(atomic.SaveFailedError) as stopped:
+            atomic_save._generate(stock_generate, None, (), {})
+        with pytest.raises(OSError):
+            atomic_save._generate(stock_generate, None, (), {})  # every later call too
+    finally:
+        atomic.unprotect()
+        atomic.clear_failures()
+    assert calls.count("generate") == 1
+    err = stopped.value
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename == str(out / "data_0.pt")
+    assert err.__cause__ is raised.value and "data_0.pt" in str(err) and "No space left" in str(err)
+    assert list(out.iterdir()) == []  # the temporary file is gone, nothing under the final name
