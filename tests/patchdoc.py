@@ -76,7 +76,7 @@ def section(patches, groups=(), checks=()) -> str:
     if checks:
         out += ["### The engine's checks", "",
                 "They run after every patch of their target, before its entry point does any heavy work "
-                "(`speculators_compat/core/preflight.py`).", ""]
+                "(`speculators_compat/check/checks.py`).", ""]
         out += [part for check in checks for part in (entry(check), "")]
     out.append(END)
     return "\n".join(out)

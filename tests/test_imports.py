@@ -71,6 +71,48 @@ def test_the_walk_sees_the_library():
     assert f"{PATCHES}.features.datapath.offload_captured" in graph[f"{PATCHES}.features.datapath.shm_transport"]
 
 
+#: the engine's layers, bottom first: a module may import its own layer and those below, never one
+#: above (``errors`` is below them all; the top-level modules -- the package, ``cli``, ``plugin``,
+#: ``demo`` -- wire the layers together and may import any)
+LAYERS = ("speculators_compat.errors", "speculators_compat.core", "speculators_compat.check",
+          "speculators_compat.run")
+
+
+def _layer(name: str) -> int | None:
+    for rank, layer in enumerate(LAYERS):
+        if name == layer or name.startswith(layer + "."):
+            return rank
+    return None
+
+
+def _back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """The edges of ``graph`` from a layer to one above it."""
+    out = []
+    for name, edges in graph.items():
+        low = _layer(name)
+        out += [f"{name} -> {e}" for e in sorted(edges)
+                if low is not None and _layer(e) is not None and _layer(e) > low]
+    return out
+
+
+def test_the_engine_layers_import_downwards_only():
+    """core <- check <- run: ``core`` imports nothing of ``check`` or ``run``, ``check`` nothing
+    of ``run`` (what ``core`` needs from above -- the checks, the validation evidence -- is wired
+    in by ``speculators_compat/__init__.py``)."""
+    graph = _graph()
+    assert graph["speculators_compat.check.command"] & {"speculators_compat.core.hooks"}  # the walk sees the layers
+    assert not _back_arrows(graph), _back_arrows(graph)
+
+
+def test_the_layer_rule_catches_a_back_arrow():
+    graph = {"speculators_compat.core.registry": {"speculators_compat.check.validation"},
+             "speculators_compat.check.checks": {"speculators_compat.core.registry"},
+             "speculators_compat.check.command": {"speculators_compat.run.lifecycle"},
+             "speculators_compat.cli": {"speculators_compat.run.command"}}
+    assert _back_arrows(graph) == ["speculators_compat.core.registry -> speculators_compat.check.validation",
+                                   "speculators_compat.check.command -> speculators_compat.run.lifecycle"]
+
+
 def test_no_engine_module_imports_the_patch_set():
     for name, edges in _graph().items():
         if not name.startswith(PATCHES):

@@ -601,7 +601,9 @@ def test_the_engine_checks_run_after_every_patch_of_their_target_and_bind_every_
     assert preflight.ids() == ["validated-release", "api-inventory", "stock-calls"]
     assert not {p.id for p in hooks.patches()} & set(preflight.ids())  # checks, not patches
     calls = [Call("Scheduler", "m", 0, ("vllm_config",), 10)]
-    monkeypatch.setattr(preflight, "stock_calls", lambda view: calls)
+    from speculators_compat.check import checks
+
+    monkeypatch.setattr(checks, "stock_calls", lambda view: calls)
     new, _ = make_patch("a-new-patch", target=GENERATOR)
     new = Patch(**{**new.__dict__, "calls": {"Scheduler": Edit(add=("block_size",))}})
     view = types.SimpleNamespace(vllm=types.SimpleNamespace(params=lambda *a: sig("vllm_config", "block_size")))
@@ -747,14 +749,14 @@ def test_the_checkout_root_works_without_installing(tmp_path):
     ],
 )
 def test_binds(params, positional, keywords, why):
-    from speculators_compat.core.preflight import binds
+    from speculators_compat.check.checks import binds
 
     assert binds(params, keywords, positional) == why
 
 
 def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
     from speculators_compat.check.calls import Call
-    from speculators_compat.core.preflight import judge_calls as _judge
+    from speculators_compat.check.checks import judge_calls as _judge
     from speculators_compat.core.registry import Decision
 
     calls = [Call("Scheduler", "m", 0, ("vllm_config", "kv"), 10), Call("Request", "m", 0, ("rid", "eos"), 20),
@@ -899,7 +901,7 @@ def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path)
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
     from speculators_compat.check.calls import Call
-    from speculators_compat.core.preflight import runtime_signature as _runtime_signature
+    from speculators_compat.check.checks import runtime_signature as _runtime_signature
 
     generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
     generator.Scheduler = lambda vllm_config, block_size: None

@@ -22,7 +22,7 @@ Detection: vLLM's reference dense base model ``LlamaModel`` has ``embed_input_id
 ``get_input_embeddings`` (new), or still has ``get_input_embeddings`` (old).
 
 Applied in every worker process (reached through the ``vllm.general_plugins`` entry point,
-see ``speculators_compat.core.plugin``). Remove when speculators 0.3.x is no longer supported.
+see ``speculators_compat.plugin``). Remove when speculators 0.3.x is no longer supported.
 """
 
 from __future__ import annotations

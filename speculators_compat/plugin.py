@@ -21,15 +21,15 @@ None and vLLM detects the platform as usual.
 
 from __future__ import annotations
 
-from . import versions
+from .core import versions
 
 __all__ = ["register", "cpu_platform"]
 
 
 def register() -> None:
     """Install the post-import hooks in this (vLLM) process."""
-    from . import _env, hooks
-    from ..run import lifecycle
+    from .core import _env, hooks
+    from .run import lifecycle
 
     if _env.all_disabled():
         return
