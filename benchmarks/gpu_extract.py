@@ -953,7 +953,7 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
     import numpy as np
     import torch
 
-    from speculators_compat.run import atomic
+    from speculators_compat.services import atomic
     from speculators_compat.patches.guards import atomic_save
 
     block = length * hidden * 2

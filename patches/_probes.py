@@ -6,8 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from speculators_compat.core.registry import Probe
-from speculators_compat.core.targets import GENERATOR, WORKER
+from speculators_compat.patching import GENERATOR, WORKER, Probe
 
 #: where vLLM defines names the stock code does not import itself (the others are found through
 #: the stock generator's and worker's own ``from vllm... import`` lines)
@@ -126,7 +125,7 @@ def source_has(func, parts) -> bool:
 
 def transformers_version() -> str:
     """The installed transformers version (from its metadata; nothing imported)."""
-    from speculators_compat.core import versions
+    from speculators_compat.patching import versions
 
     found = versions.installed("transformers")
     return str(found.version) if found else "not installed"

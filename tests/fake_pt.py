@@ -98,7 +98,7 @@ def save(obj, path) -> None:
     a folder the runner protects, atomically, as the ``atomic-save`` patch makes ``torch.save``
     (a file under its final name is complete: a shard counts the others' files by name)."""
     try:
-        from speculators_compat.run import atomic
+        from speculators_compat.services import atomic
     except ImportError:  # the fake alone, without the library
         atomic = None
     final = atomic.protected(path) if atomic is not None else None

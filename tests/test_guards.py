@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("wrapt")
 
-from speculators_compat.run import lifecycle  # noqa: E402
+from speculators_compat.services import lifecycle  # noqa: E402
 
 
 def test_the_output_guard_compares_ids_as_given_and_names_a_reordered_sequence():

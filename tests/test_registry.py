@@ -955,7 +955,7 @@ def test_patcher_set_item_replaces_an_entry_and_undo_restores_it():
 
 
 def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypatch):
-    from speculators_compat.run import lifecycle
+    from speculators_compat.services import lifecycle
 
     registered, calls = [], []
     monkeypatch.setattr(lifecycle, "_at_exit", [])

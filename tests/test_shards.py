@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import matrix
-from speculators_compat.run import manifest, parallel, resume, shards, verify
+from speculators_compat.run import parallel, resume, shards, verify
+from speculators_compat.services import manifest
 
 # no vLLM needed: the unit tests and the full suites run them, not every release of the matrix
 pytestmark = matrix.suite_is("full")

@@ -3,7 +3,7 @@ patches whose delta only such models reach are not needed where it refuses them 
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Probe, Shape
+from speculators_compat.patching import Probe, Shape
 
 #: the class the DeepSeek-V2/V3 (and Kimi-K2) architectures run as in vLLM
 DEEPSEEK = ("vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM")

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import re
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
 
 from .._ranges import SPECULATORS_ALL
 

@@ -44,8 +44,7 @@ from __future__ import annotations
 import inspect
 import platform
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Shape, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Patch, Probe, Shape, Side
 
 from .._ranges import SPECULATORS_ALL
 from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
@@ -124,7 +123,7 @@ def static_probe(view) -> Probe:
 
 
 def _ipex_installed() -> bool:
-    from speculators_compat.core import versions
+    from speculators_compat.patching import versions
 
     return any(versions.installed(d) is not None for d in (IPEX, IPEX.replace("_", "-")))
 

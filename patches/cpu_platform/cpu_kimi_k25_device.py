@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import contextvars
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side
 
 from .._ranges import SPECULATORS_ALL
 
@@ -51,7 +50,7 @@ def _judge(cpu: bool, source: str | None) -> Probe:
 def probe(module) -> Probe:
     from vllm.platforms import current_platform
 
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     if not current_platform.is_cpu():
         return _judge(False, None)

@@ -19,8 +19,7 @@ Remove when the generator asks vLLM's platform for memory (not in speculators 0.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
 
 from .._ranges import SPECULATORS_03
 

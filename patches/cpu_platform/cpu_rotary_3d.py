@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import inspect
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_ALL

@@ -18,8 +18,7 @@ Remove when speculators asks vLLM's platform for device memory.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
 
 from .._ranges import SPECULATORS_04
 from .cpu_mem_get_info import platform_memory

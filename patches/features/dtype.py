@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import contextvars
 
-from speculators_compat.core import _env
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Option, Patch, Probe, Side, render
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_ALL
 
-ENV = _env.DTYPE
+DTYPE = Option("SPECULATORS_COMPAT_DTYPE", "the model dtype of every generator that is not given one")
+ENV = DTYPE.name
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
 
 
@@ -45,7 +43,7 @@ def static_probe(view) -> Probe:
 
 
 def _init(wrapped, instance, args, kwargs):
-    dtype = kwargs.pop("dtype", None) or _env.dtype()
+    dtype = kwargs.pop("dtype", None) or DTYPE.raw() or None
     token = _requested.set(dtype)
     try:
         return wrapped(*args, **kwargs)

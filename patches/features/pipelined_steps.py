@@ -53,17 +53,15 @@ import logging
 
 import wrapt
 
-from speculators_compat.core import _env
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.patching import GENERATOR, Kind, Option, Patch, Probe, Side
 
-from speculators_compat.core.targets import GENERATOR
 
 from .._probes import params, source_has, static_params, vllm_module
 from .._ranges import SPECULATORS_03
 
 log = logging.getLogger("speculators_compat")
 
-ASYNC_ENV = _env.ASYNC_STEPS
+ASYNC_STEPS = Option("SPECULATORS_COMPAT_ASYNC_STEPS", "``0``: steps are not pipelined on an accelerator")
 #: replies left outstanding at most (two steps: execute_model + sample_tokens each)
 IN_FLIGHT = 4
 METHODS = ("execute_model", "sample_tokens")
@@ -265,7 +263,7 @@ def _executor(wrapped, instance, args, kwargs):
 
 
 def _async_steps() -> bool:
-    if _env.async_steps_off():
+    if ASYNC_STEPS.raw() == "0":  # the user keeps steps unpipelined
         return False
     from vllm.platforms import current_platform
 

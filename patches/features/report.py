@@ -13,11 +13,11 @@ between the calls -- the caller's own work, e.g. the stock script queueing its s
 ``__del__`` is wrapped to shut the executor down itself and log the
 outcome (the stock ``__del__`` swallows any error into a vague warning); after vLLM shut the
 executor down because a worker died, the line says so and names the worker. A generator that
-has been called is registered with :mod:`speculators_compat.run.lifecycle`, so that
+has been called is registered with :mod:`speculators_compat.services.lifecycle`, so that
 ``speculators-compat run`` can stop its workers on Ctrl-C / SIGTERM, and so that one still alive
 when the interpreter exits is shut down (with its line) by an ``atexit`` handler, not left to a
 ``__del__`` during the interpreter's teardown. Under ``speculators-compat run`` the first call
-also takes the generator's facts for the run manifest (:mod:`speculators_compat.run.manifest`).
+also takes the generator's facts for the run manifest (:mod:`speculators_compat.services.manifest`).
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
@@ -30,9 +30,7 @@ from __future__ import annotations
 import logging
 import time
 
-from speculators_compat.run import lifecycle, manifest
-from speculators_compat.core.registry import Kind, Patch, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Side, lifecycle, manifest
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL

@@ -41,8 +41,7 @@ from __future__ import annotations
 import contextvars
 import logging
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
 
 from .._probes import generate_probes
 from .._ranges import SPECULATORS_ALL

@@ -9,10 +9,10 @@ loads nothing useful from).
 
 How: ``torch.save``, ``pathlib.Path.write_text`` and ``pathlib.Path.write_bytes`` are
 wrapped. A write whose destination is a path directly inside a folder registered with
-:func:`speculators_compat.run.atomic.protect` -- ``speculators-compat run`` registers the
+:func:`speculators_compat.services.atomic.protect` -- ``speculators-compat run`` registers the
 stock script's ``--output-dir`` -- goes to a temporary file in the same folder
 (``.<name>.<random>.tmp``), which is fsynced, given the permissions ``open()`` would give
-it, and renamed over the final name (:func:`speculators_compat.run.atomic.atomic_path`). Any
+it, and renamed over the final name (:func:`speculators_compat.services.atomic.atomic_path`). Any
 other destination (a file object, another folder, every write when nothing is registered)
 goes through unchanged. A kill leaves at most a temporary file, which the next run's resume
 sets aside.
@@ -32,8 +32,7 @@ from __future__ import annotations
 import inspect
 import pathlib
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
 
 from .._ranges import SPECULATORS_ALL
 
@@ -55,14 +54,14 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     params = Sources("torch").params("torch.serialization", "save")
     return _judge(list(params) if params else None)
 
 
 def _torch_save(wrapped, instance, args, kwargs):
-    from speculators_compat.run import atomic
+    from speculators_compat.patching import atomic
 
     in_kwargs = "f" in kwargs
     target = kwargs["f"] if in_kwargs else (args[1] if len(args) > 1 else None)
@@ -76,7 +75,7 @@ def _torch_save(wrapped, instance, args, kwargs):
 
 
 def _path_write(wrapped, instance, args, kwargs):
-    from speculators_compat.run import atomic
+    from speculators_compat.patching import atomic
 
     final = atomic.protected(instance)
     if final is None:

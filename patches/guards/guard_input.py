@@ -51,9 +51,7 @@ import logging
 import os
 import re
 
-from speculators_compat.errors import InvalidInputError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, InvalidInputError, Kind, Patch, Probe, Side
 
 from .._idle_output import forget_idle
 from .._probes import generator_members, generator_methods, source_of

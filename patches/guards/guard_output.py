@@ -19,9 +19,7 @@ For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
 
 from __future__ import annotations
 
-from speculators_compat.errors import CaptureContractError
-from speculators_compat.core.registry import Kind, Patch, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, CaptureContractError, Kind, Patch, Side
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL

@@ -19,8 +19,7 @@ Remove when speculators returns results in input order (deleted generator in 0.5
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
 
 from .._probes import generate_probes
 from .._ranges import SPECULATORS_04

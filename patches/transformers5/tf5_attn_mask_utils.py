@@ -35,9 +35,7 @@ import importlib.util
 import sys
 import types
 
-from speculators_compat.errors import CompatError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import SPECULATORS_CONFIG
+from speculators_compat.patching import SPECULATORS_CONFIG, CompatError, Kind, Patch, Probe, Side
 
 from .._probes import transformers_version
 from .._ranges import SPECULATORS_03
@@ -66,7 +64,7 @@ def stand_in() -> types.ModuleType:
 
 
 def _speculators_imports_it(view=None) -> bool:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     src = view.speculators if view is not None else Sources("speculators")
     return (REMOVED, FUNCTION) in src.imports(IMPORTER, "transformers")
@@ -93,7 +91,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     # read the installed files: find_spec would import transformers (and torch with it)
     exists = Sources("transformers").module_file(REMOVED) is not None

@@ -48,8 +48,7 @@ from __future__ import annotations
 import ast
 import sys
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import SPECULATORS_UTILS
+from speculators_compat.patching import SPECULATORS_UTILS, Kind, Patch, Probe, Side
 
 from .._probes import transformers_version
 from .._ranges import SPECULATORS_03
@@ -124,7 +123,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     version = transformers_version()
     src = Sources("transformers")

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, IncompatibleVllmError, Kind, Patch, Probe, Side
 
 from .._probes import source_of
 from .._ranges import SPECULATORS_03

@@ -32,10 +32,10 @@ from __future__ import annotations
 import logging
 import os
 
-from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.core import hooks, registry, versions
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import (
+    GENERATOR, IncompatibleVllmError, Kind, Patch, Probe, Side, Status, context, evaluate, patches, validated_here,
+    versions,
+)
 
 from .._probes import source_of
 from .._ranges import SPECULATORS_ALL
@@ -75,14 +75,14 @@ def static_probe(view) -> Probe:
 
 def _mrv2_refused() -> str | None:
     """Why Model Runner V2 may not run here (None: ``mrv2-rows`` is on and validated on this release)."""
-    rows = next((p for p in hooks.patches() if p.id == MRV2_ROWS), None)
+    rows = next((p for p in patches() if p.id == MRV2_ROWS), None)
     if rows is None:
         return f"{MRV2_ROWS}, which places its rows by request id, is not in the installed patch set"
-    ctx = registry.context()
-    gate = registry.evaluate(rows, None, ctx=ctx)  # before its probe: installed, in its ranges, not disabled
-    if gate.status is not registry.Status.PENDING:
+    ctx = context()
+    gate = evaluate(rows, None, ctx=ctx)  # before its probe: installed, in its ranges, not disabled
+    if gate.status is not Status.PENDING:
         return f"{MRV2_ROWS}, which places its rows by request id, is off here ({gate.reason})"
-    if registry.validated_here(rows, ctx):
+    if validated_here(rows, ctx):
         return None
     seen = ctx.evidence.patch_releases(MRV2_ROWS) if ctx.evidence else []
     where = f"on vLLM {', '.join(seen)} only" if seen else "on no vLLM release"

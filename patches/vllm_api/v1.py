@@ -20,9 +20,7 @@ vLLM 0.12+). Remove when speculators 0.3.x support is dropped.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Shape, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Shape, Side, render
 
 from .._probes import params, required, static_params
 from .._ranges import SPECULATORS_03

@@ -19,9 +19,7 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 sets it itself).
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Side, render
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_03

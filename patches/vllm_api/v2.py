@@ -17,9 +17,7 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 passes ``block_size`
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Side, render
 
 from .._probes import params, required, static_params
 from .._ranges import SPECULATORS_03

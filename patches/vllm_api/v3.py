@@ -30,9 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from speculators_compat.errors import IncompatibleVllmError, InvalidInputError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Kind, Patch, Probe, Side
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_03

@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.errors import CaptureContractError
-from speculators_compat.core.replies import Deferred
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, CaptureContractError, Deferred, Kind, Patch, Probe, Side, render
 
 from .._probes import params, static_params, vllm_module
 from .._ranges import SPECULATORS_03

@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
 
 from .._idle_output import call_then_flush, flush_finished, remember_idle
 from .._probes import params, vllm_module

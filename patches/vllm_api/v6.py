@@ -26,10 +26,7 @@ Remove when speculators 0.3.x and 0.4.x are no longer supported (0.5 deleted the
 
 from __future__ import annotations
 
-from speculators_compat.check.calls import stock_calls
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.check.sources import StaticView, render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Side, StaticView, render, stock_calls
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_ALL

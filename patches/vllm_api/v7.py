@@ -34,9 +34,7 @@ Remove when speculators 0.3.x is no longer supported (0.5 uses vLLM's own engine
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side, render
 
 from .._probes import params, vllm_module
 from .._ranges import SPECULATORS_ALL

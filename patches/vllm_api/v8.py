@@ -22,8 +22,7 @@ own extraction).
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import SPECULATORS_CONFIG
+from speculators_compat.patching import SPECULATORS_CONFIG, Kind, Patch, Probe, Side
 
 from .._ranges import SPECULATORS_ALL
 
@@ -43,14 +42,14 @@ def _judge(src) -> Probe:
     there = [n for n in NAMES if src.defines(PLANNING, n, moves=False)]
     if len(here) + len(there) == len(NAMES) and there:
         return Probe.new(f"{', '.join(there)} moved from {UTILS} to {PLANNING}")
-    from speculators_compat.check.inventory import where_now
+    from speculators_compat.patching import where_now
 
     gone = [n for n in NAMES if n not in here and n not in there]
     return Probe.unknown("; ".join(f"{n}{where_now(src, UTILS, n)}" for n in gone))
 
 
 def probe(module) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     return _judge(Sources("vllm"))
 

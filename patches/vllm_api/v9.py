@@ -20,8 +20,7 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Side
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_03

@@ -37,8 +37,7 @@ the CPU (where it is not needed). Remove when speculators offloads captured stat
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side
 
 from ..._ranges import SPECULATORS_ALL
 

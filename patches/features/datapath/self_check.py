@@ -42,10 +42,7 @@ import itertools
 import logging
 import time
 
-from speculators_compat.run import lifecycle
-from speculators_compat.errors import SelfCheckError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, SelfCheckError, Side, lifecycle
 
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
@@ -132,7 +129,7 @@ def _generate(wrapped, instance, args, kwargs):
     per_call = checking.sequences_per_call()
     full = checking.full_calls()
     if full and per_call == 0:
-        from speculators_compat.errors import InvalidInputError
+        from speculators_compat.patching import InvalidInputError
 
         raise InvalidInputError(f"SPECULATORS_COMPAT_UNVALIDATED=self-check needs the self-check, which "
                                 f"{checking.SELF_CHECK_ENV}=0 turns off")
@@ -152,7 +149,7 @@ def _generate(wrapped, instance, args, kwargs):
     if not replies or any(r is None for r in replies):
         executor.collective_rpc(compare.arm, args=(None,))
         if full:
-            from speculators_compat.errors import IncompatibleVllmError
+            from speculators_compat.patching import IncompatibleVllmError
 
             raise IncompatibleVllmError("SPECULATORS_COMPAT_UNVALIDATED=self-check: the workers do not run "
                                         "self-check-reference (disabled there, or vLLM's runner changed): this "

@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.core import hooks
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side, applied_ids
 
 from ..._ranges import SPECULATORS_03
 from ...vllm_api._runners import asked_for
@@ -107,7 +105,7 @@ def _setup(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     runner = instance.model_runner
     base, _ = find_base_model(runner.model)
-    if not hasattr(runner, "input_batch") and MRV2_ROWS.id not in hooks.applied_ids():
+    if not hasattr(runner, "input_batch") and MRV2_ROWS.id not in applied_ids():
         # Model Runner V2 keeps no persistent batch: its rows are found through mrv2-rows' layout
         why = f"{type(runner).__module__}.{type(runner).__name__} has no input_batch and mrv2-rows is off"
     else:

@@ -37,8 +37,7 @@ from __future__ import annotations
 
 import os
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side
 
 from ..._probes import source_of
 from ..._ranges import SPECULATORS_03

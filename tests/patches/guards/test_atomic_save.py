@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speculators_compat.run import atomic
+from speculators_compat.services import atomic
 
 
 def test_the_atomic_save_wrapper_of_path_write_text(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("wrapt")
 
-from speculators_compat.run import lifecycle  # noqa: E402
+from speculators_compat.services import lifecycle  # noqa: E402
 from speculators_compat.errors import WorkerDiedError  # noqa: E402
 from speculators_compat.core.registry import Shape  # noqa: E402
 from speculators_compat.patches.features import pipelined_steps  # noqa: E402

@@ -34,7 +34,7 @@ def init(monkeypatch):
             monkeypatch.delenv(VAR, raising=False)
         else:
             monkeypatch.setenv(VAR, value)
-        monkeypatch.setattr(runner_v1.registry, "context", lambda: ctx)
+        monkeypatch.setattr(runner_v1, "context", lambda: ctx)
         return runner_v1._init(lambda: "built", None, (), {})
 
     return call

@@ -1,0 +1,79 @@
+"""The door for patch authors: everything a patch module (``patches/``) imports from the engine.
+
+A patch module imports ``speculators_compat.patching`` and nothing else of the engine (a test of
+``tests/test_imports.py`` holds it to that), so the engine's modules can move without touching a
+patch. What is here:
+
+* the declaration: :class:`Patch` (with :class:`Kind`, :class:`Side`, :class:`Edit`), what a probe
+  returns (:class:`Probe`, :class:`Shape`), the targets (:data:`GENERATOR`, :data:`WORKER`, ...)
+  and :class:`Deferred` (a worker reply the driver resolves);
+* the sources without importing vLLM, for static probes: :class:`Sources`, :class:`StaticView`,
+  :func:`render`, :func:`stock_calls`, :func:`where_now`;
+* the errors a patch raises (:class:`IncompatibleVllmError`, :class:`InvalidInputError`, ...);
+* :class:`Option`: an environment variable that belongs to one patch, declared in its module;
+* the run services a patch may use (:mod:`~speculators_compat.services`): ``atomic``,
+  ``lifecycle``, ``manifest``, ``leftovers``;
+* what the engine decided, for the rare patch that depends on another's decision:
+  :func:`patches`, :func:`applied_ids`, :func:`context`, :func:`evaluate`, :func:`validated_here`,
+  :class:`Status`, ``versions`` and :func:`unvalidated_self_check`.
+
+See ``docs/patches.md`` ("Writing a patch").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .check.calls import stock_calls
+from .check.inventory import where_now
+from .check.sources import Sources, StaticView, render
+from .core import versions
+from .core._env import unvalidated_self_check
+from .core.hooks import applied_ids, patches
+from .core.registry import Edit, Kind, Patch, Probe, Shape, Side, Status, context, evaluate, validated_here
+from .core.replies import Deferred
+from .core.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
+from .errors import (CaptureContractError, CompatError, ConfigurationError, IncompatibleVllmError, InvalidInputError,
+                     SelfCheckError, WorkerDiedError)
+from .services import atomic, leftovers, lifecycle, manifest
+
+__all__ = [
+    "Patch", "Kind", "Side", "Edit", "Probe", "Shape", "Status", "Deferred",
+    "GENERATOR", "WORKER", "SPECULATORS_CONFIG", "SPECULATORS_UTILS",
+    "Sources", "StaticView", "render", "stock_calls", "where_now",
+    "CompatError", "IncompatibleVllmError", "ConfigurationError", "InvalidInputError", "CaptureContractError",
+    "SelfCheckError", "WorkerDiedError",
+    "Option", "options",
+    "atomic", "lifecycle", "manifest", "leftovers",
+    "patches", "applied_ids", "context", "evaluate", "validated_here", "versions", "unvalidated_self_check",
+]
+
+#: every option a patch module declared, by name (filled as the patch modules are imported)
+_DECLARED: dict[str, "Option"] = {}
+
+
+@dataclass(frozen=True)
+class Option:
+    """An environment variable that belongs to one patch: declared in the patch's module (its name,
+    and what it means for the docs), read where the patch uses it. The engine parses none of them."""
+
+    name: str
+    doc: str
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith("SPECULATORS_COMPAT_"):
+            raise ValueError(f"{self.name}: a patch's option is named SPECULATORS_COMPAT_<NAME>")
+        _DECLARED[self.name] = self
+
+    def __str__(self) -> str:
+        return self.name
+
+    def raw(self) -> str:
+        """The variable's value, stripped (``""``: unset)."""
+        return os.environ.get(self.name, "").strip()
+
+
+def options() -> dict[str, Option]:
+    """The options of the patch modules imported so far, by name."""
+    return dict(_DECLARED)
