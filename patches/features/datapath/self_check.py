@@ -17,12 +17,11 @@ driver hands the results out), and after the call each checked sequence's tensor
 be the block that was compared; else it is sent after the call. Each worker puts the rows
 through the model's own final norm and ``compute_logits`` (vocabulary-parallel, gathered over
 vLLM's TP group) and compares the next-token log-probs with those of vLLM's own states, position
-by position
-(:mod:`.compare`: the measure, and what comes back -- a few numbers per
+by position (:mod:`.compare`: the measure, and what comes back -- a few numbers per
 sequence). Where the caller's layers lack the last one, the workers capture it for the checked
 sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
 position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
-:data:`~speculators_compat.checking.DEFAULT_TOLERANCE`) raises
+:data:`.checking.DEFAULT_TOLERANCE`) raises
 :class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
 difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
 and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
