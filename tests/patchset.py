@@ -46,9 +46,11 @@ def touches(patch) -> set[Touch]:
 
 def test_file(patch) -> str:
     """Where ``patch``'s own unit tests live, relative to the checkout:
-    ``tests/patches/<group>/test_<module>.py``, its module's file name under its group."""
-    group, module = _module_of(patch).split(".")[-2:]
-    return f"tests/patches/{group}/test_{module}.py"
+    ``tests/patches/<group>/test_<module>.py``, its module's file name under its group (the
+    folder of ``patches/`` it is in: a data-path patch of ``features/datapath/`` is in ``features``)."""
+    parts = _module_of(patch).split(".")
+    group = parts[parts.index("patches") + 1] if "patches" in parts[:-1] else parts[-2]
+    return f"tests/patches/{group}/test_{parts[-1]}.py"
 
 
 def _module_of(patch) -> str:

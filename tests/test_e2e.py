@@ -554,7 +554,7 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 def test_every_patch_is_shown_necessary():
     from speculators_compat.core import hooks
 
-    # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
+    # shm-transport, driver-threads: features (same data, less time): tests/patches/features/test_shm_transport.py, tests/gpu perf;
     # runner-v1: the CPU builds never pick Model Runner V2 (test_model_runner_v2_asked_for_is_refused);
     # cpu-rms-norm-strided: test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0);
     # cpu-moe-activation: test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x);
@@ -563,14 +563,14 @@ def test_every_patch_is_shown_necessary():
     # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines asserted
     # in test_stock_generator_runs_correctly_with_the_shim; validated-release, api-inventory and
     # stock-calls: tests/test_preflight.py; offload-captured: not needed on the CPU, its copy is
-    # unit-tested in tests/test_offload.py; worker-death, atomic-save: tests/test_crash_resume.py
+    # unit-tested in tests/patches/features/test_offload_captured.py; worker-death, atomic-save: tests/test_crash_resume.py
     # (the worker named in the error; the stock code alone keeps a truncated file, and five random
     # kills end in the clean dataset); tokenizer-trust: test_kimi_k25_tokenizer_is_remote_code;
     # cpu-kimi-k25-device: test_kimi_k25_on_cpu_needs_the_device_patch (vLLM 0.15.x);
     # results-in-place, pipelined-steps: features (same data, less time): the scenario's "leak" step
-    # (blocks own their bytes, segments reused, no file left), tests/test_transport.py,
+    # (blocks own their bytes, segments reused, no file left), tests/patches/features/test_results_in_place.py,
     # tests/patches/features/test_pipelined_steps.py, benchmarks/gpu_extract.py; self-check, self-check-reference: the
-    # scenario's selfcheck step (every injected fault caught), tests/test_selfcheck.py;
+    # scenario's selfcheck step (every injected fault caught), tests/patches/features/test_self_check.py;
     # spawn-workers: CUDA only (docs/gpu.md: on an H200 forked workers failed at start, spawned ran);
     # v8, v9, mrv2-rows: vLLM 0.33/0.34 have no CPU build -- their deltas are read from the real
     # wheels' sources (tests/test_check_root.py, tox check0330/check0340) and the extraction ran on an
