@@ -1,7 +1,7 @@
 """The door for patch authors: everything a patch module (``patches/``) imports from the engine.
 
 A patch module imports ``speculators_compat.patching`` and nothing else of the engine (a test of
-``tests/test_imports.py`` holds it to that), so the engine's modules can move without touching a
+``tests/core/test_imports.py`` holds it to that), so the engine's modules can move without touching a
 patch. What is here:
 
 * the declaration: :class:`Patch` (with :class:`Kind`, :class:`Side`, :class:`Edit`), what a probe

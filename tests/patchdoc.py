@@ -1,7 +1,7 @@
 """The patch list of ``docs/patches.md``, generated from the patch declarations.
 
 ``python tests/matrix.py generate`` writes it between the two markers below (the prose around them
-is hand-written); ``tests/test_matrix.py`` fails when it is out of date. Each patch gives its id,
+is hand-written); ``tests/tools/test_matrix.py`` fails when it is out of date. Each patch gives its id,
 title, side, kind, target, vLLM and speculators ranges, the API and delta it answers, the upstream
 reference, when it can be removed and the first paragraph of its module's docstring.
 """

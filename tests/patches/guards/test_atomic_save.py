@@ -1,6 +1,6 @@
 """atomic-save: its wrapper of ``Path.write_text`` writes into a protected folder through a temporary
 file, and anywhere else through the original call (the folder's protection itself is tested in
-tests/test_resume.py)."""
+tests/run/test_resume.py)."""
 
 from __future__ import annotations
 

@@ -40,3 +40,29 @@ def test_the_stock_contract_passes_and_each_break_is_named():
     bad["hidden_states"][1][0, 0] = float("nan")
     with pytest.raises(CaptureContractError, match="sequence 0, layer 2: non-finite values"):
         guard_output.check(gen, inputs, [bad, good[1]])
+
+
+def test_the_output_guard_compares_ids_as_given_and_names_a_reordered_sequence():
+    torch = pytest.importorskip("torch")
+    import types
+
+    from speculators_compat.errors import CaptureContractError
+    from speculators_compat.patches.guards import guard_output
+
+    class Ids(torch.Tensor):
+        def __iter__(self):
+            raise AssertionError("the guard walked a token tensor element by element")
+
+    config = types.SimpleNamespace(max_model_len=6, get_hidden_size=lambda: 4)
+    generator = types.SimpleNamespace(vllm_config=types.SimpleNamespace(model_config=config), layer_ids=[1, 3])
+    seqs = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14]]  # the second one truncated to max_model_len - 1
+
+    def results():
+        return [{"input_ids": torch.tensor(s[:5]), "hidden_states": [torch.zeros(len(s[:5]), 4)] * 2} for s in seqs]
+
+    for given in (seqs, [torch.tensor(s).as_subclass(Ids) for s in seqs]):
+        got = guard_output._generate(lambda *a: results(), generator, (given,), {})
+        assert [r["input_ids"].tolist() for r in got] == [s[:5] for s in seqs]
+        swapped = results()[::-1]
+        with pytest.raises(CaptureContractError, match="sequence 0: input_ids do not match"):
+            guard_output._generate(lambda *a: swapped, generator, (given,), {})

@@ -25,7 +25,7 @@ from speculators_compat.services import manifest
 # no vLLM needed: the unit tests and the full suites run them, not every release of the matrix
 pytestmark = matrix.suite_is("full")
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent  # tests/
 SCRIPT = str(HERE / "fake_datagen.py")
 N = 23
 

@@ -21,7 +21,7 @@ import pytest
 from speculators_compat.run import resume, stock_script
 from speculators_compat.services import atomic
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent  # tests/
 
 
 def sample(path: Path, n: int = 3) -> None:
