@@ -4,7 +4,9 @@ A patch module imports ``speculators_compat.patching`` and nothing else of the e
 ``tests/core/test_imports.py`` holds it to that), so the engine's modules can move without touching a
 patch. What is here:
 
-* the declaration: :class:`Patch` (with :class:`Kind`, :class:`Side`, :class:`Edit`), what a probe
+* the declaration: ``PATCH = declare(...)`` (a :class:`Patch`, with :class:`Kind`, :class:`Side`,
+  :class:`Edit`; the module's ``probe``, ``static_probe`` and ``apply`` and the usual target and
+  side filled in), what a probe
   returns (:class:`Probe`, :class:`Shape`), the targets (:data:`GENERATOR`, :data:`WORKER`, ...)
   and :class:`Deferred` (a worker reply the driver resolves);
 * the sources without importing vLLM, for static probes: :class:`Sources`, :class:`StaticView`,
@@ -23,7 +25,9 @@ See ``docs/patches.md`` ("Writing a patch").
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from .check.calls import stock_calls
 from .check.inventory import where_now
@@ -39,7 +43,7 @@ from .errors import (CaptureContractError, CompatError, ConfigurationError, Inco
 from .services import atomic, leftovers, lifecycle, manifest
 
 __all__ = [
-    "Patch", "Kind", "Side", "Edit", "Probe", "Shape", "Status", "Deferred",
+    "declare", "Patch", "Kind", "Side", "Edit", "Probe", "Shape", "Status", "Deferred",
     "GENERATOR", "WORKER", "SPECULATORS_CONFIG", "SPECULATORS_UTILS",
     "Sources", "StaticView", "render", "stock_calls", "where_now",
     "CompatError", "IncompatibleVllmError", "ConfigurationError", "InvalidInputError", "CaptureContractError",
@@ -48,6 +52,24 @@ __all__ = [
     "atomic", "lifecycle", "manifest", "leftovers",
     "patches", "applied_ids", "context", "evaluate", "validated_here", "versions", "unvalidated_self_check",
 ]
+
+#: what :func:`declare` takes from the declaring module where the declaration does not name it
+FROM_THE_MODULE = ("probe", "static_probe", "apply")
+
+
+def declare(**fields: Any) -> Patch:
+    """A patch module's ``PATCH``: a :class:`Patch` of ``fields``, where the module's own ``probe``,
+    ``static_probe`` and ``apply`` are taken from it unless named, the target is the stock
+    generator's module unless named (:data:`GENERATOR`), and the side follows the target (the
+    workers' for :data:`WORKER`, else the driver's)."""
+    module = sys._getframe(1).f_globals
+    for name in FROM_THE_MODULE:
+        if name not in fields and name in module:
+            fields[name] = module[name]
+    fields.setdefault("target", GENERATOR)
+    fields.setdefault("side", Side.WORKER if fields["target"] == WORKER else Side.DRIVER)
+    return Patch(**fields)
+
 
 #: every option a patch module declared, by name (filled as the patch modules are imported)
 _DECLARED: dict[str, "Option"] = {}

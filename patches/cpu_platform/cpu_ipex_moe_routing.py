@@ -44,7 +44,7 @@ from __future__ import annotations
 import inspect
 import platform
 
-from speculators_compat.patching import WORKER, Kind, Patch, Probe, Shape, Side
+from speculators_compat.patching import WORKER, Kind, Probe, Shape, declare
 
 from .._ranges import SPECULATORS_ALL
 from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
@@ -199,19 +199,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(_module().IPEXFusedMOE, "__call__", _call)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-ipex-moe-routing",
     title="IPEX grouped top-k routing of the 0.11.x x86 CPU MoE",
     delta="0.11.x x86 CPU MoE runs IPEX GatedMLPMOE, whose grouped_topk puts the e_score_correction_bias into the weights",
     api=f"{MOE}.IPEXFusedMOE.__call__",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     target=WORKER,
     vllm=">=0.11.1,<0.12",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM 0.12 dropped IPEXFusedMOE: every CPU runs vLLM's own CPUFusedMOE (grouped_topk as in vLLM)",
     remove_when="vLLM 0.11.x is no longer supported",
 )

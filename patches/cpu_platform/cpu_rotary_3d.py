@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_ALL
@@ -90,19 +90,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(_rotary(), "forward_cpu", _forward_cpu)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-rotary-3d",
     title="CPU rotary kernel with 3-D queries",
     delta="ops.rotary_embedding on CPU assumes [tokens, heads*dim]; DeepSeek non-MLA passes [tokens, heads, dim]",
     api="vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.forward_cpu",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM CPU backend (not fixed as of 0.16)",
     remove_when="vLLM's CPU rotary kernel handles 3-D query/key",
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextvars
 
-from speculators_compat.patching import GENERATOR, Kind, Option, Patch, Probe, Side, render
+from speculators_compat.patching import Kind, Option, Probe, declare, render
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_ALL
@@ -63,20 +63,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="dtype",
     title="dtype choice",
     delta="ModelConfig(dtype='auto') hard-coded -> VllmHiddenStatesGenerator(dtype=...) / SPECULATORS_COMPAT_DTYPE",
     api="vllm.config.ModelConfig(dtype=)",
-    side=Side.DRIVER,
     kind=Kind.FEATURE,
     after=("runner-v1",),  # wraps __init__ outside it
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators 0.3.x / 0.4.x",
     remove_when="speculators exposes the dtype",
 )

@@ -53,7 +53,7 @@ import logging
 
 import wrapt
 
-from speculators_compat.patching import GENERATOR, Kind, Option, Patch, Probe, Side
+from speculators_compat.patching import Kind, Option, Probe, declare
 
 
 from .._probes import params, source_has, static_params, vllm_module
@@ -286,22 +286,17 @@ def apply(module, patcher) -> None:
         patcher.wrap(module, "SchedulerConfig", _scheduler_config)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="pipelined-steps",
     title="the next step is scheduled while the workers run the current one",
     delta="every step waits for a reply the stock loop never reads -> steps sent without waiting",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens(non_block=)",
-    side=Side.DRIVER,
     kind=Kind.PERFORMANCE,
     # its proxy sits inside v5's two-phase proxy (which calls it) and outside v4's and v7's; it
     # wraps SchedulerConfig outside v1-chunked-prefill's (and inside v5's)
     after=("v7", "v1-chunked-prefill"),
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 
-from speculators_compat.patching import GENERATOR, Kind, Patch, Side, lifecycle, manifest
+from speculators_compat.patching import Kind, declare, lifecycle, manifest
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL
@@ -130,20 +130,15 @@ WRAPPERS = {"generate": _generate, "__del__": _del}
 probe, static_probe, apply = generator_patch("report", WRAPPERS)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="report",
     title="end-of-call and end-of-run log lines",
     delta="a clean shutdown looks like a crash in vLLM's worker logs -> one clear line",
     api="VllmHiddenStatesGenerator.generate/__del__",
-    side=Side.DRIVER,
     kind=Kind.FEATURE,
     depends_on=(),
     after=("guard-input",),  # wraps generate() outside guard-input: times the whole call
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     remove_when="never: this is the library's own report",
 )

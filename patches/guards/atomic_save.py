@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import pathlib
 
-from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -93,20 +93,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(pathlib.Path, "write_bytes", _path_write)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="atomic-save",
     title="atomic writes into the run's output folder",
     delta="torch.save / Path.write_text straight to the final name (truncated files after a kill) -> temporary file, fsync, rename",
     api="torch.save / pathlib.Path.write_text / pathlib.Path.write_bytes",
-    side=Side.DRIVER,
     kind=Kind.GUARD,
     depends_on=(),
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators (0.3.0 - 0.4.x save straight to the final name)",
     remove_when="the stock script saves atomically",
 )

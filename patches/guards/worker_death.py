@@ -55,7 +55,7 @@ import os
 import time
 import weakref
 
-from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side, WorkerDiedError, leftovers, lifecycle
+from speculators_compat.patching import Kind, Probe, WorkerDiedError, declare, leftovers, lifecycle
 
 from .._probes import generator_members, source_of, vllm_module
 from .._ranges import SPECULATORS_ALL
@@ -262,19 +262,14 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="worker-death",
     title="a dead vLLM worker is named in the error",
     delta="a worker killed mid-call -> 'cancelled' / 'Connection reset by peer' / 'Executor failed.' -> WorkerDiedError naming it",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor (worker monitor, collective_rpc cancel= / reply queue shutdown)",
-    side=Side.DRIVER,
     kind=Kind.GUARD,
     after=("v5", "guard-input", "report"),  # outermost: sees the error after guard-input's recovery
-    target=GENERATOR,
     vllm=RELEASES,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     remove_when="never: the library's own guard",
 )

@@ -35,7 +35,7 @@ import importlib.util
 import sys
 import types
 
-from speculators_compat.patching import SPECULATORS_CONFIG, CompatError, Kind, Patch, Probe, Side
+from speculators_compat.patching import SPECULATORS_CONFIG, CompatError, Kind, Probe, Side, declare
 
 from .._probes import transformers_version
 from .._ranges import SPECULATORS_03
@@ -114,7 +114,7 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "reload_and_populate_configs", _reload_and_populate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="tf5-attn-mask-utils",
     title="import speculators on transformers >= 5.24 (removed mask module)",
     delta="transformers 5.24 removed transformers.modeling_attn_mask_utils, imported by speculators.models.eagle "
@@ -123,9 +123,6 @@ PATCH = Patch(
     side=Side.DRIVER,  # and every vLLM worker: any process that imports speculators
     target=SPECULATORS_CONFIG,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     kind=Kind.PLATFORM,
     depends_on=("transformers",),
     upstream="not fixed in speculators 0.3.x",

@@ -48,7 +48,7 @@ from __future__ import annotations
 import ast
 import sys
 
-from speculators_compat.patching import SPECULATORS_UTILS, Kind, Patch, Probe, Side
+from speculators_compat.patching import SPECULATORS_UTILS, Kind, Probe, Side, declare
 
 from .._probes import transformers_version
 from .._ranges import SPECULATORS_03
@@ -158,7 +158,7 @@ def apply(module, patcher) -> None:
         raise TypeError(f"{cls.__name__}'s annotations still do not resolve ({missing!r} is undefined)")
 
 
-PATCH = Patch(
+PATCH = declare(
     id="tf5-config-torch",
     title="import speculators on transformers v5 (torch annotation)",
     delta="transformers v5: PreTrainedConfig is a dataclass annotated 'torch.dtype' (torch imported only "
@@ -167,9 +167,6 @@ PATCH = Patch(
     side=Side.DRIVER,  # and every vLLM worker: any process that imports speculators
     target=SPECULATORS_UTILS,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     kind=Kind.PLATFORM,
     depends_on=("transformers",),
     upstream="not fixed in speculators 0.3.x",

@@ -33,8 +33,7 @@ import logging
 import os
 
 from speculators_compat.patching import (
-    GENERATOR, IncompatibleVllmError, Kind, Patch, Probe, Side, Status, context, evaluate, patches, validated_here,
-    versions,
+    IncompatibleVllmError, Kind, Probe, Status, context, declare, evaluate, patches, validated_here, versions,
 )
 
 from .._probes import source_of
@@ -109,21 +108,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="runner-v1",
     title="vLLM's V1 model runner (Model Runner V2 reorders rows)",
     delta="0.22: Model Runner V2 chosen automatically, rows laid out by token count -> V1 kept "
     "(VLLM_USE_V2_MODEL_RUNNER=0)",
     api="vllm.config.VllmConfig.use_v2_model_runner / VLLM_USE_V2_MODEL_RUNNER",
-    side=Side.DRIVER,
     kind=Kind.FIX,
     after=("tokenizer-trust",),  # wraps __init__ outside it
-    target=GENERATOR,
     vllm=">=0.22",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM 0.22 made Model Runner V2 the default for some architectures",
     remove_when="the stock generator maps captured rows by request id",
 )

@@ -20,7 +20,7 @@ vLLM 0.12+). Remove when speculators 0.3.x support is dropped.
 
 from __future__ import annotations
 
-from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Shape, Side, render
+from speculators_compat.patching import Edit, Kind, Probe, Shape, declare, render
 
 from .._probes import params, required, static_params
 from .._ranges import SPECULATORS_03
@@ -78,20 +78,15 @@ def apply(module, patcher) -> None:
         patcher.wrap(module, "get_kv_cache_config_from_groups", _kv_cache_config)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v1",
     title="vLLM 0.12's config calls: SchedulerConfig(is_encoder_decoder=), no kv_cache_specs",
     delta="SchedulerConfig(InitVar is_encoder_decoder required); "
     "get_kv_cache_config_from_groups(-kv_cache_specs)",
     api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.12",
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     calls={
         "SchedulerConfig": Edit(add=("is_encoder_decoder",)),
         "get_kv_cache_config_from_groups": Edit(drop=("kv_cache_specs",)),

@@ -19,7 +19,7 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Side, render
+from speculators_compat.patching import Edit, Kind, Probe, declare, render
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_03
@@ -52,20 +52,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "SchedulerConfig", _scheduler_config)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v1-chunked-prefill",
     title="chunked prefill off (the stock loop aborts partly prefilled prompts)",
     delta="stock loop aborts requests after one step; chunked prefill splits prompts across steps",
     api="vllm.config.SchedulerConfig(enable_chunked_prefill=)",
-    side=Side.DRIVER,
     kind=Kind.FIX,
     vllm=">=0.11.1",
     after=("v1",),  # wraps SchedulerConfig outside v1 (its keywords reach v1's wrapper)
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     calls={"SchedulerConfig": Edit(add=("enable_chunked_prefill",))},
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",

@@ -19,7 +19,7 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 sets it itself).
 
 from __future__ import annotations
 
-from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Side, render
+from speculators_compat.patching import Edit, Kind, Probe, declare, render
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_03
@@ -51,19 +51,14 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "CacheConfig", _cache_config)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v1-prefix-caching",
     title="prefix caching off (vLLM 0.12 turned it on; shared prefixes lose rows)",
     delta="CacheConfig.enable_prefix_caching default None -> True",
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.12",
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     calls={"CacheConfig": Edit(add=("enable_prefix_caching",))},
     upstream="speculators 0.4.0 disables prefix caching in its CacheConfig",
     remove_when="speculators 0.3.x is no longer supported",

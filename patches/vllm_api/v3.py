@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Kind, Patch, Probe, Side
+from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Kind, Probe, declare
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_03
@@ -139,20 +139,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v3",
     title="capture through decoder-layer hooks, vLLM's own forward unchanged",
     delta="base model get_input_embeddings -> embed_input_ids; base model path; decoder-layer arguments",
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
-    side=Side.WORKER,
     kind=Kind.DELTA,
     vllm=">=0.11.1",
     family="capture",
     target=WORKER,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="speculators 0.4.0 calls embed_input_ids (still replaces the forward)",
     remove_when="speculators 0.3.x is no longer supported",
 )

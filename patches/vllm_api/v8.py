@@ -22,7 +22,7 @@ own extraction).
 
 from __future__ import annotations
 
-from speculators_compat.patching import SPECULATORS_CONFIG, Kind, Patch, Probe, Side
+from speculators_compat.patching import SPECULATORS_CONFIG, Kind, Probe, Side, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -68,7 +68,7 @@ def apply(module, patcher) -> None:
             patcher.define(utils, name, getattr(planning, name))
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v8",
     title="the stock KV-cache helper imports resolve where vLLM 0.33 moved them",
     delta="vllm.v1.core.kv_cache_utils.{_get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups, "
@@ -79,9 +79,6 @@ PATCH = Patch(
     vllm=">=0.33",
     target=SPECULATORS_CONFIG,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     moves=MOVES,
     upstream="vLLM PR #42309 (0.33.0) moved the KV-cache planning helpers; speculators 0.3.x/0.4.x import the old path",
     remove_when="speculators 0.3.x and 0.4.x are no longer supported",

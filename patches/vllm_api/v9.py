@@ -20,7 +20,7 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.patching import GENERATOR, Edit, Kind, Patch, Probe, Side
+from speculators_compat.patching import Edit, Kind, Probe, declare
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_03
@@ -52,20 +52,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "CacheConfig", _cache_config)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v9",
     title="the KV cache allocated whole (vLLM 0.34's extensible KV cache needs the engine's warm-up)",
     delta="CacheConfig.enable_extensible_kv_cache (on with CUDA VMM; pages committed by the engine core) -> off",
     api=f"vllm.config.CacheConfig({FIELD}=)",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.34",
     after=("v1-prefix-caching", "cpu-block-size"),  # all wrap the generator's CacheConfig name (other keywords)
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     calls={"CacheConfig": Edit(add=(FIELD,))},
     upstream="vLLM 0.34.0 (extensible KV cache on by default on CUDA); speculators 0.3.x builds its own CacheConfig",
     remove_when="speculators 0.3.x is no longer supported",

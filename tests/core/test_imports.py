@@ -201,7 +201,7 @@ def _patch_ids() -> set[str]:
         with open(path, encoding="utf-8") as fh:
             tree = ast.parse(fh.read(), path)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Patch":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("Patch", "declare"):
                 ids |= {k.value.value for k in node.keywords if k.arg == "id" and isinstance(k.value, ast.Constant)}
     return ids
 

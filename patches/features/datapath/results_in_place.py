@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, Side
+from speculators_compat.patching import Kind, Probe, declare
 
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
@@ -144,21 +144,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="results-in-place",
     title="each sequence's states copied once, from the device into the caller's tensor",
     delta="the states cross the host 3-4 times after the device (concatenate, pickle or map, clone, scan) "
     "-> one copy into the result tensors",
     api="VllmHiddenStatesGenerator.generate (its per-sequence slicing of the worker's reply)",
-    side=Side.DRIVER,
     kind=Kind.PERFORMANCE,
     after=("v5",),  # lays the call out before the repaired generate() runs
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

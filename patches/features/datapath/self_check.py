@@ -41,7 +41,7 @@ import itertools
 import logging
 import time
 
-from speculators_compat.patching import GENERATOR, Kind, Patch, Probe, SelfCheckError, Side, lifecycle
+from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, lifecycle
 
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
@@ -189,22 +189,17 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="self-check",
     title="the last layer's rows proven against the model's own next-token log-probs",
     delta="wrong rows (another sequence or position, shifted, captured at another point) returned silently "
     "-> SelfCheckError naming the sequence, the position and the difference",
     api="VllmHiddenStatesGenerator.generate (its request ids and per-sequence slicing)",
-    side=Side.DRIVER,
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
     after=("results-in-place", "guard-output"),  # checks what the guarded generate() returns
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side, applied_ids
+from speculators_compat.patching import WORKER, Kind, Probe, applied_ids, declare
 
 from ..._ranges import SPECULATORS_03
 from ...vllm_api._runners import asked_for
@@ -119,23 +119,19 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="self-check-reference",
     title="vLLM's own final states of the checked requests, and the log-prob comparison (workers)",
     delta="no state independent of the capture to check its rows against -> vLLM's own, where its "
     "prompt log-probs come from",
     api="vLLM GPUModelRunner (input_batch.req_id_to_index, query_start_loc.np, model.compute_logits; "
     "Model Runner V2: InputBatch.req_ids, query_start_loc_np)",
-    side=Side.WORKER,
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
     after=("v3", "mrv2-rows"),  # hooks after v3's capture hooks; uses mrv2-rows' step layout
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

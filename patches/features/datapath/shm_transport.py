@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 
-from speculators_compat.patching import WORKER, Kind, Patch, Probe, Side
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from ..._probes import source_of
 from ..._ranges import SPECULATORS_03
@@ -109,20 +109,16 @@ def apply(module, patcher) -> None:
     patcher.set_item(vars(worker), "ACCEPTING", True)  # the workers take the driver's plans
 
 
-PATCH = Patch(
+PATCH = declare(
     id="shm-transport",
     title="captured states through one shared-memory file (no pickling)",
     delta="collective_rpc pickles the call's captured states (GBs, < 1 GB/s) -> one /dev/shm file, mapped",
     api="speculators HiddenStatesWorkerExtension._get_captured_states",
-    side=Side.WORKER,
     kind=Kind.PERFORMANCE,
     after=("offload-captured",),  # wraps _get_captured_states outside it, waits for its copies
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )
