@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from speculators_compat.patching import GENERATOR, WORKER, Probe
+from speculators_compat.patching import GENERATOR, WORKER, Edit, Probe
 
 #: where vLLM defines names the stock code does not import itself (the others are found through
 #: the stock generator's and worker's own ``from vllm... import`` lines)
@@ -50,11 +50,29 @@ def static_params(view, name: str, method: str | None = None) -> dict[str, inspe
     return view.require(view.vllm.params(module, name, method), what)
 
 
-def required(param: inspect.Parameter) -> bool:
-    return param.default is inspect.Parameter.empty and param.kind not in (
-        inspect.Parameter.VAR_POSITIONAL,
-        inspect.Parameter.VAR_KEYWORD,
-    )
+def keyword_patch(cls: str, name: str, value: Any, judge, *, callers_choice: bool = False):
+    """``(probe, static_probe, apply, calls)`` of a patch that passes ``name=value`` to the stock
+    generator's ``cls(...)`` (``callers_choice``: unless the call passes it already). Both probes give
+    ``judge`` the parameters of ``cls`` (imported, or read from the installed sources); ``calls``
+    declares the keyword added, for the ``stock-calls`` check."""
+
+    def probe(module) -> Probe:
+        return judge(params(getattr(module, cls)))
+
+    def static_probe(view) -> Probe:
+        return judge(static_params(view, cls))
+
+    def forced(wrapped, instance, args, kwargs):
+        if callers_choice:
+            kwargs.setdefault(name, value)
+        else:
+            kwargs[name] = value
+        return wrapped(*args, **kwargs)
+
+    def apply(module, patcher) -> None:
+        patcher.wrap(module, cls, forced)
+
+    return probe, static_probe, apply, {cls: Edit(add=(name,))}
 
 
 def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> Probe:

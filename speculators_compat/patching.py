@@ -10,7 +10,7 @@ patch. What is here:
   returns (:class:`Probe`, :class:`Shape`), the targets (:data:`GENERATOR`, :data:`WORKER`, ...)
   and :class:`Deferred` (a worker reply the driver resolves);
 * the sources without importing vLLM, for static probes: :class:`Sources`, :class:`StaticView`,
-  :func:`render`, :func:`stock_calls`, :func:`where_now`;
+  :func:`render`, :func:`stock_calls`, :func:`where_now`, :func:`required` (a parameter that must be passed);
 * the errors a patch raises (:class:`IncompatibleVllmError`, :class:`InvalidInputError`, ...);
 * :class:`Option`: an environment variable that belongs to one patch, declared in its module;
 * the run services a patch may use (:mod:`~speculators_compat.services`): ``atomic``,
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .check.calls import stock_calls
+from .check.checks import required
 from .check.inventory import where_now
 from .check.sources import Sources, StaticView, render
 from .core import versions
@@ -45,7 +46,7 @@ from .services import atomic, leftovers, lifecycle, manifest
 __all__ = [
     "declare", "Patch", "Kind", "Side", "Edit", "Probe", "Shape", "Status", "Deferred",
     "GENERATOR", "WORKER", "SPECULATORS_CONFIG", "SPECULATORS_UTILS",
-    "Sources", "StaticView", "render", "stock_calls", "where_now",
+    "Sources", "StaticView", "render", "stock_calls", "where_now", "required",
     "CompatError", "IncompatibleVllmError", "ConfigurationError", "InvalidInputError", "CaptureContractError",
     "SelfCheckError", "WorkerDiedError",
     "Option", "options",

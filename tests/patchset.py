@@ -169,4 +169,7 @@ class _Reader:
                     and getattr(node.value.func, "id", None) == "generator_patch" and len(node.value.args) == 2:
                 return {Touch("wrap", f"{self.target}.VllmHiddenStatesGenerator", m)
                         for m in self.keys(node.value.args[1])}
-        raise LookupError(f"{self.module.__name__}: no apply() and no generator_patch(...) to read")
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and getattr(node.value.func, "id", None) == "keyword_patch" and node.value.args:
+                return {Touch("wrap", self.target, self.const(node.value.args[0]))}
+        raise LookupError(f"{self.module.__name__}: no apply(), generator_patch(...) or keyword_patch(...) to read")

@@ -20,9 +20,9 @@ vLLM 0.12+). Remove when speculators 0.3.x support is dropped.
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, Shape, declare, render
+from speculators_compat.patching import Edit, Kind, Probe, Shape, declare, render, required
 
-from .._probes import params, required, static_params
+from .._probes import params, static_params
 from .._ranges import SPECULATORS_03
 
 

@@ -19,9 +19,9 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, declare, render
+from speculators_compat.patching import Kind, Probe, declare, render
 
-from .._probes import params, static_params
+from .._probes import keyword_patch
 from .._ranges import SPECULATORS_03
 
 
@@ -35,21 +35,7 @@ def _judge(p) -> Probe:
     return Probe.old(text + " (chunked prefill off unless asked for)")
 
 
-def probe(module) -> Probe:
-    return _judge(params(module.SchedulerConfig))
-
-
-def static_probe(view) -> Probe:
-    return _judge(static_params(view, "SchedulerConfig"))
-
-
-def _scheduler_config(wrapped, instance, args, kwargs):
-    kwargs["enable_chunked_prefill"] = False
-    return wrapped(*args, **kwargs)
-
-
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "SchedulerConfig", _scheduler_config)
+probe, static_probe, apply, CALLS = keyword_patch("SchedulerConfig", "enable_chunked_prefill", False, _judge)
 
 
 PATCH = declare(
@@ -61,7 +47,7 @@ PATCH = declare(
     vllm=">=0.11.1",
     after=("v1",),  # wraps SchedulerConfig outside v1 (its keywords reach v1's wrapper)
     speculators=SPECULATORS_03,
-    calls={"SchedulerConfig": Edit(add=("enable_chunked_prefill",))},
+    calls=CALLS,
     upstream="not fixed in speculators 0.3.x",
     remove_when="speculators 0.3.x is no longer supported",
 )

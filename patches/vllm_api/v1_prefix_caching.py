@@ -19,9 +19,9 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 sets it itself).
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, declare, render
+from speculators_compat.patching import Kind, Probe, declare, render
 
-from .._probes import params, static_params
+from .._probes import keyword_patch
 from .._ranges import SPECULATORS_03
 
 
@@ -34,21 +34,7 @@ def _judge(p) -> Probe:
     return Probe.old(f"CacheConfig.enable_prefix_caching defaults to {default!r}")
 
 
-def probe(module) -> Probe:
-    return _judge(params(module.CacheConfig))
-
-
-def static_probe(view) -> Probe:
-    return _judge(static_params(view, "CacheConfig"))
-
-
-def _cache_config(wrapped, instance, args, kwargs):
-    kwargs["enable_prefix_caching"] = False
-    return wrapped(*args, **kwargs)
-
-
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "CacheConfig", _cache_config)
+probe, static_probe, apply, CALLS = keyword_patch("CacheConfig", "enable_prefix_caching", False, _judge)
 
 
 PATCH = declare(
@@ -59,7 +45,7 @@ PATCH = declare(
     kind=Kind.DELTA,
     vllm=">=0.12",
     speculators=SPECULATORS_03,
-    calls={"CacheConfig": Edit(add=("enable_prefix_caching",))},
+    calls=CALLS,
     upstream="speculators 0.4.0 disables prefix caching in its CacheConfig",
     remove_when="speculators 0.3.x is no longer supported",
 )

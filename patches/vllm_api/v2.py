@@ -17,9 +17,9 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 passes ``block_size`
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, declare, render
+from speculators_compat.patching import Edit, Kind, Probe, declare, render, required
 
-from .._probes import params, required, static_params
+from .._probes import params, static_params
 from .._ranges import SPECULATORS_03
 
 

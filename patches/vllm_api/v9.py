@@ -20,9 +20,9 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, declare
+from speculators_compat.patching import Kind, Probe, declare
 
-from .._probes import params, static_params
+from .._probes import keyword_patch
 from .._ranges import SPECULATORS_03
 
 FIELD = "enable_extensible_kv_cache"
@@ -35,21 +35,7 @@ def _judge(p) -> Probe:
     return Probe.old(f"CacheConfig has no {FIELD}: the KV cache is allocated whole")
 
 
-def probe(module) -> Probe:
-    return _judge(params(module.CacheConfig))
-
-
-def static_probe(view) -> Probe:
-    return _judge(static_params(view, "CacheConfig"))
-
-
-def _cache_config(wrapped, instance, args, kwargs):
-    kwargs.setdefault(FIELD, False)
-    return wrapped(*args, **kwargs)
-
-
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "CacheConfig", _cache_config)
+probe, static_probe, apply, CALLS = keyword_patch("CacheConfig", FIELD, False, _judge, callers_choice=True)
 
 
 PATCH = declare(
@@ -61,7 +47,7 @@ PATCH = declare(
     vllm=">=0.34",
     after=("v1-prefix-caching", "cpu-block-size"),  # all wrap the generator's CacheConfig name (other keywords)
     speculators=SPECULATORS_03,
-    calls={"CacheConfig": Edit(add=(FIELD,))},
+    calls=CALLS,
     upstream="vLLM 0.34.0 (extensible KV cache on by default on CUDA); speculators 0.3.x builds its own CacheConfig",
     remove_when="speculators 0.3.x is no longer supported",
 )

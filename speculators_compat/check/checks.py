@@ -21,7 +21,7 @@ from ..core.registry import Cause, Context, Probe, Status
 from ..core.targets import GENERATOR
 from .calls import Call, stock_calls
 
-__all__ = ["CHECKS", "binds", "judge_calls", "runtime_signature"]
+__all__ = ["CHECKS", "binds", "judge_calls", "required", "runtime_signature"]
 
 
 # -- validated-release ---------------------------------------------------------------------------
@@ -62,7 +62,8 @@ def _api_inventory(module, view, decisions, ctx) -> Probe:  # noqa: ARG001
 # -- stock-calls ---------------------------------------------------------------------------------
 
 
-def _required(param: inspect.Parameter) -> bool:
+def required(param: inspect.Parameter) -> bool:
+    """``param`` must be passed: no default, and not ``*args`` / ``**kwargs``."""
     return param.default is inspect.Parameter.empty and param.kind not in (
         inspect.Parameter.VAR_POSITIONAL,
         inspect.Parameter.VAR_KEYWORD,
@@ -85,7 +86,7 @@ def binds(params: dict[str, inspect.Parameter], names, positional: int = 0) -> s
     twice = [n for n in names if n in filled]
     if twice:
         return f"got multiple values for argument {twice[0]!r}"
-    missing = [n for n, p in params.items() if _required(p) and n not in names and n not in filled]
+    missing = [n for n, p in params.items() if required(p) and n not in names and n not in filled]
     if missing:
         return f"missing a required argument: {missing[0]!r}"
     return None

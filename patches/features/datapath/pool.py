@@ -58,8 +58,6 @@ def pool_of(generator) -> "Pool | None":
     return generator.__dict__.get(POOL_ATTR)
 
 
-#: per process: stale files of killed runs were looked for
-_SWEPT: list = []
 #: plan ids, unique in the driver process
 _plan_ids = itertools.count(1)
 
@@ -172,9 +170,7 @@ class Pool:
 
     def _create(self, nbytes: int) -> Segment | None:
         size = align(nbytes, SEGMENT_QUANTUM)
-        if not _SWEPT:  # files a killed run created and had not unlinked yet
-            _SWEPT.append(True)
-            segments.remove_stale()
+        segments.remove_stale_once()  # files a killed run created and had not unlinked yet
         if not segments.room(size) and any(not s.held for s in self._segments.values()):
             self._retire_idle(keep=0)  # idle segments give their room back
         seg = new_segment(next(self._ids), size, self._files)

@@ -183,6 +183,17 @@ def remove_stale() -> list[str]:
     return removed
 
 
+#: per process: stale files of killed runs were looked for
+_SWEPT: list = []
+
+
+def remove_stale_once() -> None:
+    """:func:`remove_stale`, the first time this process asks (the driver's pool, a worker's reply)."""
+    if not _SWEPT:
+        _SWEPT.append(True)
+        remove_stale()
+
+
 def align(n: int, to: int = 64) -> int:
     return (n + to - 1) // to * to
 

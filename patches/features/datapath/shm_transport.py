@@ -48,8 +48,6 @@ METHOD = "_get_captured_states"
 STORE = "_store_captured_states"
 #: what the stock method's body must contain for the wrapper to stand in for it
 STOCK = ("torch.cat(layer_tensors, dim=0) for layer_tensors in self._captured_states", "self._captured_states = None")
-#: per process: stale files of killed runs were looked for
-_SWEPT: list = []
 
 
 def _judge(source: str | None, has_store: bool = True) -> Probe:
@@ -89,9 +87,7 @@ def _get(wrapped, instance, args, kwargs):
     if state is not None and state.plan is not None and not (args or kwargs):
         instance._captured_states = None
         return state.finish()
-    if not _SWEPT:
-        _SWEPT.append(True)
-        segments.remove_stale()
+    segments.remove_stale_once()
     layers = getattr(instance, "_captured_states", None)
     if args or kwargs or not layers or not all(isinstance(parts, list) and parts for parts in layers):
         return wrapped(*args, **kwargs)

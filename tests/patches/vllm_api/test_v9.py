@@ -3,6 +3,8 @@ unless the caller chose."""
 
 from __future__ import annotations
 
+import types
+
 from probe_inputs import sig
 from speculators_compat.patches.vllm_api import v9
 
@@ -13,8 +15,13 @@ def test_the_judgement():
 
 
 def test_the_extensible_kv_cache_is_off_unless_chosen():
-    seen = {}
-    v9._cache_config(lambda **kw: seen.update(kw), None, (), {"block_size": 16})
-    assert seen == {"block_size": 16, v9.FIELD: False}
-    v9._cache_config(lambda **kw: seen.update(kw), None, (), {v9.FIELD: True})
-    assert seen[v9.FIELD] is True
+    from speculators_compat.core.patcher import Patcher
+
+    module = types.SimpleNamespace(CacheConfig=lambda **kw: kw)  # the generator's CacheConfig name
+    patcher = Patcher()
+    v9.apply(module, patcher)
+    assert module.CacheConfig(block_size=16) == {"block_size": 16, v9.FIELD: False}
+    assert module.CacheConfig(**{v9.FIELD: True})[v9.FIELD] is True  # the caller's choice stays
+    assert v9.PATCH.calls["CacheConfig"].add == (v9.FIELD,)
+    patcher.undo()
+    assert module.CacheConfig(block_size=16) == {"block_size": 16}
