@@ -25,6 +25,7 @@ See ``docs/patches.md`` ("Writing a patch").
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -62,14 +63,28 @@ def declare(**fields: Any) -> Patch:
     """A patch module's ``PATCH``: a :class:`Patch` of ``fields``, where the module's own ``probe``,
     ``static_probe`` and ``apply`` are taken from it unless named, the target is the stock
     generator's module unless named (:data:`GENERATOR`), and the side follows the target (the
-    workers' for :data:`WORKER`, else the driver's)."""
+    workers' for :data:`WORKER`, else the driver's). A patch for one speculators line (``>=0.3.0,<0.4``)
+    is removed, unless ``remove_when=`` says otherwise, when that line is no longer supported, and
+    its ``upstream`` is, unless named, that the line does not fix it."""
     module = sys._getframe(1).f_globals
     for name in FROM_THE_MODULE:
         if name not in fields and name in module:
             fields[name] = module[name]
     fields.setdefault("target", GENERATOR)
     fields.setdefault("side", Side.WORKER if fields["target"] == WORKER else Side.DRIVER)
+    line = speculators_line(fields.get("speculators", ""))
+    if line:
+        fields.setdefault("remove_when", f"speculators {line} is no longer supported")
+        fields.setdefault("upstream", f"not fixed in speculators {line}")
     return Patch(**fields)
+
+
+def speculators_line(releases: str) -> str | None:
+    """``"0.3.x"`` for a range of one speculators line (``>=0.3.0,<0.4``); else None."""
+    m = re.fullmatch(r">=(\d+)\.(\d+)\.0,<(\d+)\.(\d+)", releases.replace(" ", ""))
+    if not m or (m[1], int(m[2]) + 1) != (m[3], int(m[4])):
+        return None
+    return f"{m[1]}.{m[2]}.x"
 
 
 #: every option a patch module declared, by name (filled as the patch modules are imported)

@@ -63,6 +63,5 @@ PATCH = declare(
     kind=Kind.PLATFORM,
     after=("cpu-mem-get-info",),  # its speculators 0.4 twin: answers with its platform_memory
     speculators=SPECULATORS_04,
-    upstream="not fixed in speculators 0.4.x",
     remove_when="speculators asks vLLM's platform for device memory",
 )

@@ -297,6 +297,4 @@ PATCH = declare(
     after=("v7", "v1-chunked-prefill"),
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

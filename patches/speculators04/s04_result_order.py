@@ -62,5 +62,4 @@ PATCH = declare(
     after=("s04-scheduler-loop",),  # reorders what the repaired loop returns
     speculators=SPECULATORS_04,
     upstream="not fixed in speculators 0.4.0.1",
-    remove_when="speculators 0.4.x is no longer supported",
 )

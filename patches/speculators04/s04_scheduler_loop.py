@@ -83,5 +83,4 @@ PATCH = declare(
     after=("v5",),  # wraps Scheduler and generate outside v5 (never both: speculators 0.3 / 0.4)
     speculators=SPECULATORS_04,
     upstream="not fixed in speculators 0.4.0.1",
-    remove_when="speculators 0.4.x is no longer supported",
 )

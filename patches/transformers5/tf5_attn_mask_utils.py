@@ -125,6 +125,4 @@ PATCH = declare(
     speculators=SPECULATORS_03,
     kind=Kind.PLATFORM,
     depends_on=("transformers",),
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -159,5 +159,4 @@ PATCH = declare(
     speculators=SPECULATORS_03,
     upstream="vLLM 0.34.0 removed the V1 model runner (0.22 chose MRv2 on its own); speculators 0.3.x cuts rows "
     "in input order",
-    remove_when="speculators 0.3.x is no longer supported",
 )

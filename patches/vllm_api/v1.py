@@ -92,5 +92,4 @@ PATCH = declare(
         "get_kv_cache_config_from_groups": Edit(drop=("kv_cache_specs",)),
     },
     upstream="speculators 0.4.0 builds its configs for vLLM 0.12+",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -48,6 +48,4 @@ PATCH = declare(
     after=("v1",),  # wraps SchedulerConfig outside v1 (its keywords reach v1's wrapper)
     speculators=SPECULATORS_03,
     calls=CALLS,
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -47,5 +47,4 @@ PATCH = declare(
     speculators=SPECULATORS_03,
     calls=CALLS,
     upstream="speculators 0.4.0 disables prefix caching in its CacheConfig",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -65,5 +65,4 @@ PATCH = declare(
     speculators=SPECULATORS_03,
     calls={"Scheduler": Edit(add=("block_size",))},
     upstream="speculators 0.4.0 passes block_size",
-    remove_when="speculators 0.3.x is no longer supported",
 )

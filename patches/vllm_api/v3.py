@@ -150,5 +150,4 @@ PATCH = declare(
     target=WORKER,
     speculators=SPECULATORS_03,
     upstream="speculators 0.4.0 calls embed_input_ids (still replaces the forward)",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -94,5 +94,4 @@ PATCH = declare(
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
     upstream="speculators 0.4.0 uses the single reply",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -105,5 +105,4 @@ PATCH = declare(
     after=("v1-chunked-prefill", "v2", "v7", "pipelined-steps"),  # wraps SchedulerConfig, Scheduler and MultiprocExecutor outside them
     speculators=SPECULATORS_03,
     upstream="speculators 0.4.0 calls sample_tokens (but still never calls update_from_output)",
-    remove_when="speculators 0.3.x is no longer supported",
 )

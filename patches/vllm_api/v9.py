@@ -49,5 +49,4 @@ PATCH = declare(
     speculators=SPECULATORS_03,
     calls=CALLS,
     upstream="vLLM 0.34.0 (extensible KV cache on by default on CUDA); speculators 0.3.x builds its own CacheConfig",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -154,6 +154,4 @@ PATCH = declare(
     after=("v5",),  # lays the call out before the repaired generate() runs
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

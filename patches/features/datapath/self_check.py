@@ -201,5 +201,4 @@ PATCH = declare(
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
     upstream="not in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )
