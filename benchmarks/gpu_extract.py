@@ -157,7 +157,7 @@ def w_stats(worker):
     """The capturing worker's peak device memory (then reset) and its copy waits."""
     import torch
 
-    from speculators_compat.patches.features.datapath import worker as transport
+    from speculators_compat.patches.features.datapath._runtime import worker as transport
 
     ext = getattr(worker, "worker", None) or worker
     out = {}
@@ -216,7 +216,7 @@ class Marks:
     def __init__(self):
         import gc
 
-        from speculators_compat.patches.features.datapath import reply
+        from speculators_compat.patches.features.datapath._runtime import reply
         from speculators_compat.patches.guards import guard_output
 
         self.reply = None
@@ -556,7 +556,7 @@ class _Bench:
 
         import speculators_compat
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-        from speculators_compat.patches.features.datapath import checking as selfcheck
+        from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
         from speculators_compat.patches.features import pipelined_steps
 
         self._compat, self._selfcheck, self._pipelined = speculators_compat, selfcheck, pipelined_steps
@@ -1193,7 +1193,7 @@ def separation(model: str, out: Path, tp: int, n: int, length: int, util: float,
     """The self-check's differences on correct rows and with each test-only fault (see the docstring)."""
     import random
 
-    from speculators_compat.patches.features.datapath import checking as selfcheck
+    from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
 
     faults_site = str(Path(__file__).resolve().parents[1] / "tests" / "faults_site")
     sys.path.insert(0, faults_site)

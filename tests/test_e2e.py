@@ -212,7 +212,7 @@ def self_check_expected() -> bool:
 def assert_self_check(report, tolerance=None):
     """The scenario's selfcheck step: correct rows pass, every injected fault is caught (the step
     itself raises otherwise), and the separation holds with the default threshold's margin."""
-    from speculators_compat.patches.features.datapath import checking as selfcheck
+    from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
 
     value = report["selfcheck"]["value"]
     if not self_check_expected():

@@ -34,8 +34,8 @@ from speculators_compat.patching import Kind, declare, lifecycle, manifest
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL
-from .datapath import checking
-from .datapath.pool import pool_of
+from .datapath._runtime import checking
+from .datapath._runtime.pool import pool_of
 
 log = logging.getLogger("speculators_compat")
 #: attribute of the generator holding its run totals

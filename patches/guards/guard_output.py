@@ -23,7 +23,7 @@ from speculators_compat.patching import CaptureContractError, Kind, declare
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL
-from ..features.datapath.reply import transfer_of
+from ..features.datapath._runtime.reply import transfer_of
 
 
 def check(generator, inputs, results) -> None:

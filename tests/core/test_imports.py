@@ -66,7 +66,7 @@ def _graph() -> dict[str, set[str]]:
 def test_the_walk_sees_the_library():
     graph = _graph()
     assert {"speculators_compat.core.hooks", "speculators_compat.core.registry", f"{PATCHES}.vllm_api.v5",
-            f"{PATCHES}.features.datapath.shm_transport", f"{PATCHES}.features.datapath.pool"} <= set(graph)
+            f"{PATCHES}.features.datapath.shm_transport", f"{PATCHES}.features.datapath._runtime.pool"} <= set(graph)
     assert "speculators_compat.patching" in graph[f"{PATCHES}.guards.worker_death"]
     assert f"{PATCHES}.features.datapath.offload_captured" in graph[f"{PATCHES}.features.datapath.shm_transport"]
 

@@ -603,7 +603,7 @@ def _patch_modules() -> dict:
 def test_a_patch_imports_only_patches_that_apply_before_it_on_its_target():
     """Patch modules import each other only along the order they apply in (the later one uses
     the earlier one's runtime): never a patch of another target, never one applied after it. A
-    patch's own helper modules (``features.datapath.pool``) are not patches."""
+    patch's own helper modules (``features.datapath._runtime.pool``) are not patches."""
     import ast
 
     import pkgutil

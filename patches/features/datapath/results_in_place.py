@@ -45,11 +45,11 @@ from speculators_compat.patching import Kind, Probe, declare
 
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
-from . import pool as pools
-from .plan import call_lengths
-from .reply import TRANSFER_ATTR, CallExecutor, Transfer, take_written
-from .segments import itemsize as itemsize_of
-from .worker import accept_plan
+from ._runtime import pool as pools
+from ._runtime.plan import call_lengths
+from ._runtime.reply import TRANSFER_ATTR, CallExecutor, Transfer, take_written
+from ._runtime.segments import itemsize as itemsize_of
+from ._runtime.worker import accept_plan
 
 log = logging.getLogger("speculators_compat")
 

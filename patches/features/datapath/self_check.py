@@ -45,8 +45,8 @@ from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, li
 
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
-from . import checking, compare, reply
-from .plan import call_lengths
+from ._runtime import checking, compare, reply
+from ._runtime.plan import call_lengths
 from .results_in_place import CALLABLE, _rpc_source
 
 log = logging.getLogger("speculators_compat")

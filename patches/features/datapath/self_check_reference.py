@@ -46,7 +46,7 @@ from ...vllm_api._runners import asked_for
 from ...vllm_api.mrv2_rows import MRV2, step_rows
 from ...vllm_api.mrv2_rows import PATCH as MRV2_ROWS
 from ...vllm_api.v3 import find_base_model
-from . import compare
+from ._runtime import compare
 
 log = logging.getLogger("speculators_compat")
 

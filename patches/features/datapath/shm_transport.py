@@ -18,7 +18,7 @@ Without a layout: ``HiddenStatesWorkerExtension._get_captured_states`` is wrappe
 stock method would concatenate each layer's parts and return the list, the wrapper (after
 waiting for offload-captured's copies, if any) concatenates them straight into one new file
 under ``/dev/shm`` and returns a :class:`.segments.SharedStates` handle.
-The handle pickles as a call of ``speculators_compat.patches.features.datapath.segments.open_states``: the driver's
+The handle pickles as a call of ``speculators_compat.patches.features.datapath._runtime.segments.open_states``: the driver's
 unpickler maps the file (private mapping, no copy), unlinks it, and hands the stock code the
 same list of ``[tokens, hidden]`` tensors, bit for bit. The file's space is reserved first
 (``posix_fallocate``): if ``/dev/shm`` lacks room (a small container default), the wrapper
@@ -41,7 +41,7 @@ from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from ..._probes import source_of
 from ..._ranges import SPECULATORS_03
-from . import segments, worker
+from ._runtime import segments, worker
 from .offload_captured import wait_copies
 
 METHOD = "_get_captured_states"

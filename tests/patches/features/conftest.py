@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def shm(tmp_path, monkeypatch):
     """``SPECULATORS_COMPAT_SHM_DIR`` in a fresh folder, no free-space margin."""
-    from speculators_compat.patches.features.datapath import segments
+    from speculators_compat.patches.features.datapath._runtime import segments
 
     monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
     monkeypatch.setattr(segments, "MARGIN", 0)

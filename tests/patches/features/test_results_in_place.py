@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from speculators_compat.patches.features.datapath import pool as pools  # noqa: E402
-from speculators_compat.patches.features.datapath import reply, segments, worker  # noqa: E402
+from speculators_compat.patches.features.datapath._runtime import pool as pools  # noqa: E402
+from speculators_compat.patches.features.datapath._runtime import reply, segments, worker  # noqa: E402
 
 
 class Ext:
@@ -239,7 +239,7 @@ def test_a_segment_no_worker_mapped_is_removed_at_close_and_at_exit(shm):
     pool.release(seg)
     pool.close()
     assert os.listdir(shm) == []
-    code = ("from speculators_compat.patches.features.datapath import pool as transport, segments\n"
+    code = ("from speculators_compat.patches.features.datapath._runtime import pool as transport, segments\n"
             "pool = transport.Pool(spares=True)\n"
             "pool.acquire(transport.SEGMENT_QUANTUM // 2, None)\n"
             "pool._making.join()\n"

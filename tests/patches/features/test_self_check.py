@@ -10,8 +10,8 @@ import types
 import pytest
 
 from speculators_compat.core import _env
-from speculators_compat.patches.features.datapath import checking as selfcheck
-from speculators_compat.patches.features.datapath import compare
+from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
+from speculators_compat.patches.features.datapath._runtime import compare
 from speculators_compat.errors import InvalidInputError, SelfCheckError
 
 
@@ -110,8 +110,8 @@ def test_rows_in_results_blocks_reach_a_single_worker_by_reference(tmp_path, mon
     torch = pytest.importorskip("torch")
     import pickle
 
-    from speculators_compat.patches.features.datapath import pool as pools
-    from speculators_compat.patches.features.datapath import reply, segments, worker
+    from speculators_compat.patches.features.datapath._runtime import pool as pools
+    from speculators_compat.patches.features.datapath._runtime import reply, segments, worker
 
     monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
     monkeypatch.setattr(segments, "MARGIN", 0)
@@ -158,8 +158,9 @@ def test_the_comparison_is_sent_when_the_rows_are_in_place_and_confirmed_to_be_t
     the caller then gets (not for a later call); ``Comparison`` sends the comparison without waiting,
     naming those blocks, and refuses a call whose caller holds other tensors."""
     torch = pytest.importorskip("torch")
-    from speculators_compat.patches.features.datapath import pool as pools
-    from speculators_compat.patches.features.datapath import reply, segments, self_check, worker
+    from speculators_compat.patches.features.datapath._runtime import pool as pools
+    from speculators_compat.patches.features.datapath import self_check
+    from speculators_compat.patches.features.datapath._runtime import reply, segments, worker
 
     monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(tmp_path))
     monkeypatch.setattr(segments, "MARGIN", 0)
@@ -216,7 +217,7 @@ def test_a_calls_lengths_are_the_stock_cut_of_each_sequence():
     cut at ``max_model_len - 1``, from a 2-D tensor's shape; ``None`` for anything the stock code
     is left alone with."""
     torch = pytest.importorskip("torch")
-    from speculators_compat.patches.features.datapath.plan import call_lengths
+    from speculators_compat.patches.features.datapath._runtime.plan import call_lengths
 
     gen = types.SimpleNamespace(vllm_config=types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=6)))
     assert call_lengths(gen, [[1, 2], (3,), torch.arange(9)]) == [2, 1, 5]

@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from speculators_compat.patches.features.datapath import checking as selfcheck
-from speculators_compat.patches.features.datapath import compare
+from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
+from speculators_compat.patches.features.datapath._runtime import compare
 
 
 class Stand:

@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from speculators_compat.patches.features.datapath import reply, segments, shm_transport  # noqa: E402
+from speculators_compat.patches.features.datapath import shm_transport  # noqa: E402
+from speculators_compat.patches.features.datapath._runtime import reply, segments  # noqa: E402
 
 
 def stock_get(instance):
