@@ -53,6 +53,24 @@ def test_file(patch) -> str:
     return f"tests/patches/{group}/test_{parts[-1]}.py"
 
 
+#: what a patch's test file declares about where the patch is shown needed (tests/test_e2e.py)
+EVIDENCE = ("NEEDED", "NEEDED_WHERE", "NEEDED_04", "SHOWN_NEEDED")
+
+
+def evidence(path, names=EVIDENCE) -> dict:
+    """The evidence a test file declares (module-level ``NEEDED = {...}`` & co.), read with ``ast``
+    (the file is not imported): ``{patch id or "a,b": ...}``."""
+    import ast
+
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), str(path))
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) in names for t in node.targets):
+            out.update(ast.literal_eval(node.value))
+    return out
+
+
 def _module_of(patch) -> str:
     """The module that declares ``patch`` (its ``PATCH``), whatever module defined its ``apply``."""
     import sys

@@ -236,3 +236,18 @@ def test_every_patch_has_its_test_file_and_every_test_file_a_patch_and_the_unit_
     with open(os.path.join(ROOT, "tox.ini")) as fh:
         unit = fh.read().split("[testenv:unit]", 1)[1].split("\n[", 1)[0]
     assert " tests/patches " in unit
+
+
+def test_every_patch_test_file_says_where_its_patch_is_shown_needed():
+    """The "this patch is needed" evidence lives with each patch's test: ``NEEDED`` (the e2e step that
+    fails with the patch off, and how), ``NEEDED_WHERE``, ``NEEDED_04`` or ``SHOWN_NEEDED`` (where else);
+    tests/test_e2e.py runs them."""
+    missing = []
+    for patch in hooks.patches():
+        found = patchset.evidence(os.path.join(ROOT, patchset.test_file(patch)))
+        declared = {pid for key in found for pid in key.split(",")}
+        if patch.id not in declared:
+            missing.append(patchset.test_file(patch))
+    assert not missing, f"test files that do not say where their patch is shown needed: {missing}"
+    assert patchset.evidence(os.path.join(ROOT, "tests", "patches", "vllm_api", "test_v2.py")) == \
+        {"v2": ("start", "block_size")}

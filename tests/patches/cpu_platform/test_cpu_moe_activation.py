@@ -6,6 +6,12 @@ from __future__ import annotations
 from speculators_compat.patches.cpu_platform import cpu_moe_activation as patch
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "cpu-moe-activation": "tests/test_e2e.py test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x)",
+}
+
+
 def test_the_judgement():
     use = f"    out = {patch.USE}x)\n"
     assert patch._judge(False, "", "").shape.value == "old"  # no lazy dict: nothing built at forward time

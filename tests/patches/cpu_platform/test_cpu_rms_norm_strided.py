@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from speculators_compat.patches.cpu_platform import cpu_rms_norm_strided as patch
 
+
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "cpu-rms-norm-strided": "tests/test_e2e.py test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0)",
+}
+
 KERNEL = "    def forward_cpu(self, x, residual=None):\n        return self.forward_cuda(x, residual)\n"
 WRAPPER = "def rms_norm(out, input, weight, epsilon):\n    torch.ops._C.rms_norm(out, input, weight, epsilon)\n"
 

@@ -8,6 +8,10 @@ from types import SimpleNamespace
 from speculators_compat.patches.cpu_platform import cpu_rotary_3d as patch
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"cpu-rotary-3d": "tests/test_e2e.py test_deepseek_v3_on_cpu_needs_the_rotary_patch"}
+
+
 def test_the_judgement():
     kernel = "ops.rotary_embedding(positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)"
     assert patch._judge(kernel, "").shape.value == "new"

@@ -9,6 +9,11 @@ from types import SimpleNamespace
 from speculators_compat.patches.cpu_platform import s04_cpu_mem_get_info as patch
 
 
+#: end to end (tests/test_e2e.py, speculators 0.4.0.1): the step that fails when the patch alone is
+#: disabled, and a fragment of the failure
+NEEDED_04 = {"s04-cpu-mem-get-info": ("start", "NVIDIA driver")}
+
+
 class _Spec:
     def __init__(self, defines):
         self._defines = defines

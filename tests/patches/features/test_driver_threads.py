@@ -9,6 +9,10 @@ torch = pytest.importorskip("torch")
 from speculators_compat.patches.features import driver_threads  # noqa: E402
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"driver-threads": "a feature (same data, less time): this file, tests/gpu perf"}
+
+
 def test_driver_threads_are_put_back_unless_the_user_chose_them(monkeypatch):
     before = torch.get_num_threads()
     if before < 2:

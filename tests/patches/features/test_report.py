@@ -8,6 +8,12 @@ from types import SimpleNamespace
 from speculators_compat.patches.features import report
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "report": "the log lines asserted in tests/test_e2e.py test_stock_generator_runs_correctly_with_the_shim",
+}
+
+
 class _Shape:
     def __init__(self, *shape):
         self.shape = shape

@@ -16,6 +16,15 @@ from speculators_compat.patches.features.datapath._runtime import pool as pools 
 from speculators_compat.patches.features.datapath._runtime import reply, segments, worker  # noqa: E402
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "results-in-place": (
+        "a feature (same data, less time): the scenario's \"leak\" step (blocks own their bytes, segments "
+        "reused, no file left), this file, benchmarks/gpu_extract.py"
+    ),
+}
+
+
 class Ext:
     def __init__(self, layers):
         self._captured_states = layers

@@ -15,6 +15,10 @@ from speculators_compat.patches.features.datapath._runtime import compare
 from speculators_compat.errors import InvalidInputError, SelfCheckError
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"self-check": "the scenario's selfcheck step (every injected fault caught)"}
+
+
 def test_options(monkeypatch):
     monkeypatch.delenv(selfcheck.SELF_CHECK_ENV, raising=False)
     monkeypatch.delenv(selfcheck.TOLERANCE_ENV, raising=False)

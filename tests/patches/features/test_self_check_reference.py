@@ -13,6 +13,10 @@ from speculators_compat.patches.features.datapath._runtime import checking as se
 from speculators_compat.patches.features.datapath._runtime import compare
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"self-check-reference": "the scenario's selfcheck step (every injected fault caught)"}
+
+
 class Stand:
     """A stand-in for a vLLM model with ``layers``, a final ``norm`` and ``compute_logits``; and
     its runner's layout of one step (what ``_get_prompt_logprobs_dict`` reads)."""

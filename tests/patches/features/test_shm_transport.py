@@ -16,6 +16,10 @@ from speculators_compat.patches.features.datapath import shm_transport  # noqa: 
 from speculators_compat.patches.features.datapath._runtime import reply, segments  # noqa: E402
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"shm-transport": "a feature (same data, less time): this file, tests/gpu perf"}
+
+
 def stock_get(instance):
     """speculators 0.3.0's HiddenStatesWorkerExtension._get_captured_states"""
     if instance._captured_states is None:

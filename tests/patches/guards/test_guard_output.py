@@ -14,6 +14,10 @@ torch = pytest.importorskip("torch")
 from speculators_compat.patches.guards import guard_output  # noqa: E402
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"guard-output": "with v1-chunked-prefill: tests/patches/vllm_api/test_v1_chunked_prefill.py NEEDED"}
+
+
 def _generator(max_len=6, hidden=4, layers=(2, 1)):
     config = SimpleNamespace(max_model_len=max_len, get_hidden_size=lambda: hidden)
     return SimpleNamespace(vllm_config=SimpleNamespace(model_config=config), layer_ids=list(layers))

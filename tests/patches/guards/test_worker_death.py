@@ -12,6 +12,10 @@ from concurrent.futures import Future
 
 import pytest
 
+
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"worker-death": "tests/test_crash_resume.py (the worker named in the error)"}
+
 pytest.importorskip("wrapt")
 
 from speculators_compat.services import lifecycle  # noqa: E402

@@ -9,6 +9,11 @@ from types import SimpleNamespace
 from speculators_compat.patches.speculators04 import s04_scheduler_loop as patch
 
 
+#: end to end (tests/test_e2e.py, speculators 0.4.0.1): the step that fails when the patch alone is
+#: disabled, and a fragment of the failure
+NEEDED_04 = {"s04-scheduler-loop": ("mixed", "not found in captured states")}
+
+
 def test_the_judgement():
     assert patch._judge("while not self.all_prefill_complete(): self.scheduler.schedule()").shape.value == "new"
     assert patch._judge("out = self.scheduler.update_from_output(so, mo)").shape.value == "old"

@@ -11,6 +11,14 @@ import types
 from speculators_compat.patches.transformers5 import tf5_config_torch as patch
 
 
+#: end to end (tests/test_e2e.py, wherever the probe finds the delta): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off), and a fragment of the failure
+NEEDED_WHERE = {
+    # transformers v5 (measured 5.17.0, 5.24.0): `import speculators` 0.3.0 fails without it
+    "tf5-config-torch": ("start", "name 'torch' is not defined"),
+}
+
+
 def _config_module(name, annotation):
     module = types.ModuleType(name)
     exec(f"from __future__ import annotations\nimport dataclasses\n\n@dataclasses.dataclass\nclass Config:\n"

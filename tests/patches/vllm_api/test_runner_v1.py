@@ -12,6 +12,15 @@ from speculators_compat.check import validation
 from speculators_compat.core.registry import Context
 from speculators_compat.errors import IncompatibleVllmError
 
+
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "runner-v1": (
+        "the CPU builds never pick Model Runner V2: tests/test_e2e.py "
+        "test_model_runner_v2_asked_for_is_refused"
+    ),
+}
+
 runner_v1 = importlib.import_module("speculators_compat.patches.vllm_api.runner_v1")
 VAR = runner_v1.VAR
 

@@ -9,6 +9,10 @@ from types import SimpleNamespace
 from speculators_compat.patches.vllm_api import spawn_workers as patch
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"spawn-workers": "CUDA only (docs/gpu.md: on an H200 forked workers failed at start, spawned ran)"}
+
+
 def test_the_static_probe_follows_the_build():
     assert patch.static_probe(SimpleNamespace(cpu=True)).shape.value == "old"
     assert patch.static_probe(SimpleNamespace(cpu=False)).shape.value == "new"

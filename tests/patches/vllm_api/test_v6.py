@@ -7,6 +7,11 @@ from probe_inputs import sig
 from speculators_compat.patches.vllm_api import v6
 
 
+#: end to end (tests/test_e2e.py, wherever the probe finds the delta): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off), and a fragment of the failure
+NEEDED_WHERE = {"v6": ("mixed", "unexpected keyword argument 'eos_token_id'")}
+
+
 def test_the_judgement():
     update = sig("generation_config", "model_eos_token_id")
     update_eos = sig("generation_config", v6.DROPPED)

@@ -9,6 +9,15 @@ from probe_inputs import sig
 from speculators_compat.patches.vllm_api import v9
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "v9": (
+        "vLLM 0.34 has no CPU build: its delta is read from the real wheel (tests/test_check_root.py, tox"
+        " check0340) and the extraction ran on an H200 (docs/gpu.md)"
+    ),
+}
+
+
 def test_the_judgement():
     assert v9._judge(sig("block_size", optional=(v9.FIELD,))).shape.value == "new"
     assert v9._judge(sig("block_size")).shape.value == "old"
