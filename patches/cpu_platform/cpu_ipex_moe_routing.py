@@ -47,7 +47,7 @@ import platform
 from speculators_compat.patching import WORKER, Kind, Probe, Shape, declare
 
 from .._ranges import SPECULATORS_ALL
-from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
+from ._deepseek import cpu_deepseek_gate, cpu_deepseek_gate_static
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
@@ -72,11 +72,9 @@ def probe(module) -> Probe:
 
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    unreachable = deepseek_unreachable()
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate()
+    if gate is not None:
+        return gate
     if importlib.util.find_spec(MOE) is None:
         return _judge(True, True, False, "", "", (), ())
     moe = _module()
@@ -105,11 +103,9 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
-    unreachable = deepseek_unreachable_static(view)
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate_static(view)
+    if gate is not None:
+        return gate
     if view.vllm.module_file(MOE) is None or not view.vllm.mro(MOE, "IPEXFusedMOE"):
         return _judge(True, True, False, "", "", (), ())
     build = view.vllm.source(METHOD, "UnquantizedFusedMoEMethod", "process_weights_after_loading")

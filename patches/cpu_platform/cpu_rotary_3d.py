@@ -33,7 +33,7 @@ from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_ALL
-from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
+from ._deepseek import cpu_deepseek_gate, cpu_deepseek_gate_static
 
 
 def _rotary():
@@ -43,23 +43,17 @@ def _rotary():
 
 
 def probe(module) -> Probe:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    unreachable = deepseek_unreachable()
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate()
+    if gate is not None:
+        return gate
     rotary = _rotary()
     return _judge(inspect.getsource(rotary.forward_cpu), inspect.getsource(rotary.forward_cuda))
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
-    unreachable = deepseek_unreachable_static(view)
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate_static(view)
+    if gate is not None:
+        return gate
     module = vllm_module(view, "RotaryEmbedding")
     sources = [view.vllm.source(module, "RotaryEmbedding", m) for m in ("forward_cpu", "forward_cuda")]
     if not sources[0]:

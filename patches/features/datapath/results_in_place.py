@@ -79,16 +79,22 @@ def _rpc_source(module) -> str | None:
         return None
 
 
-_generate_probe, _generate_static = generate_probes(lambda source: source)
+def generate_and_rpc_probes(judge):
+    """``(probe, static_probe)`` that give ``judge`` the source of the stock ``generate`` and that of
+    vLLM's ``MultiprocExecutor.collective_rpc`` (imported, or read from the installed sources)."""
+    generate_probe, generate_static = generate_probes(lambda source: source)
+
+    def probe(module) -> Probe:
+        return judge(generate_probe(module), _rpc_source(module))
+
+    def static_probe(view) -> Probe:
+        return judge(generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
+                                                             "MultiprocExecutor", "collective_rpc"))
+
+    return probe, static_probe
 
 
-def probe(module) -> Probe:
-    return _judge(_generate_probe(module), _rpc_source(module))
-
-
-def static_probe(view) -> Probe:
-    return _judge(_generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
-                                                            "MultiprocExecutor", "collective_rpc"))
+probe, static_probe = generate_and_rpc_probes(_judge)
 
 
 def _generate(wrapped, instance, args, kwargs):

@@ -43,11 +43,10 @@ import time
 
 from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, lifecycle
 
-from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
 from ._runtime import checking, compare, reply
 from ._runtime.plan import call_lengths
-from .results_in_place import CALLABLE, _rpc_source
+from .results_in_place import CALLABLE, generate_and_rpc_probes
 
 log = logging.getLogger("speculators_compat")
 
@@ -65,16 +64,7 @@ def _judge(source: str, rpc_source: str | None) -> Probe:
     return Probe.new("generate() names its requests req_<counter>_<i> and cuts one row per token in input order")
 
 
-_generate_probe, _generate_static = generate_probes(lambda source: source)
-
-
-def probe(module) -> Probe:
-    return _judge(_generate_probe(module), _rpc_source(module))
-
-
-def static_probe(view) -> Probe:
-    return _judge(_generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
-                                                            "MultiprocExecutor", "collective_rpc"))
+probe, static_probe = generate_and_rpc_probes(_judge)
 
 
 class Comparison:
