@@ -164,7 +164,7 @@ def w_stats(worker):
     """The capturing worker's peak device memory (then reset) and its copy waits."""
     import torch
 
-    from speculators_compat.patches.features.datapath import worker as transport
+    from speculators_compat.patches.features.datapath._runtime import worker as transport
 
     ext = getattr(worker, "worker", None) or worker
     out = {}
@@ -223,7 +223,7 @@ class Marks:
     def __init__(self):
         import gc
 
-        from speculators_compat.patches.features.datapath import reply
+        from speculators_compat.patches.features.datapath._runtime import reply
         from speculators_compat.patches.guards import guard_output
 
         self.reply = None
@@ -563,7 +563,7 @@ class _Bench:
 
         import speculators_compat
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-        from speculators_compat.patches.features.datapath import checking as selfcheck
+        from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
         from speculators_compat.patches.features import pipelined_steps
 
         self._compat, self._selfcheck, self._pipelined = speculators_compat, selfcheck, pipelined_steps
@@ -973,7 +973,7 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
     import numpy as np
     import torch
 
-    from speculators_compat.run import atomic
+    from speculators_compat.services import atomic
     from speculators_compat.patches.guards import atomic_save
 
     atomic_save._direct[:] = [atomic_save.direct_writer_fits(torch) is None]  # as when the patch applies
@@ -1287,7 +1287,7 @@ def separation(model: str, out: Path, tp: int, n: int, length: int, util: float,
     """The self-check's differences on correct rows and with each test-only fault (see the docstring)."""
     import random
 
-    from speculators_compat.patches.features.datapath import checking as selfcheck
+    from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
 
     faults_site = str(Path(__file__).resolve().parents[1] / "tests" / "faults_site")
     sys.path.insert(0, faults_site)

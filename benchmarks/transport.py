@@ -50,9 +50,9 @@ def _rotated_medians(ways: list, repeats: int) -> dict[str, float]:
 def main() -> int:
     import torch
 
-    from speculators_compat.patches.features.datapath import pool as pools
-    from speculators_compat.patches.features.datapath import reply, worker
-    from speculators_compat.patches.features.datapath import segments as transport
+    from speculators_compat.patches.features.datapath._runtime import pool as pools
+    from speculators_compat.patches.features.datapath._runtime import reply, worker
+    from speculators_compat.patches.features.datapath._runtime import segments as transport
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=512)

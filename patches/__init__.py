@@ -1,6 +1,6 @@
 """The patch set: one module per vLLM API delta, stock-code fix, platform fix, guard or feature.
 
-Every module of the groups below that defines ``PATCH`` (a :class:`~speculators_compat.core.registry.Patch`)
+Every module of the groups below that defines ``PATCH`` (a :class:`~speculators_compat.patching.Patch`)
 is registered (:mod:`speculators_compat.core.discovery`); its file name is its id, with ``_`` for
 ``-``, and its docstring gives the delta, how it is detected, and when it can be removed. Within
 one target module, a patch applies after the patches its ``after=`` names, and so wraps them (the
@@ -15,7 +15,7 @@ The private modules hold what several patches use: ``_probes`` (helpers for prob
 and ``guard-input`` share). Importing this package imports neither torch nor vLLM.
 """
 
-from speculators_compat.core.targets import GENERATOR, WORKER
+from speculators_compat.patching import GENERATOR, WORKER
 
 #: what ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` needs applied on each target (the driver's
 #: check and the workers' reference), or the target's entry point refuses

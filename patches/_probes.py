@@ -6,8 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from speculators_compat.core.registry import Probe
-from speculators_compat.core.targets import GENERATOR, WORKER
+from speculators_compat.patching import GENERATOR, WORKER, Edit, Probe
 
 #: where vLLM defines names the stock code does not import itself (the others are found through
 #: the stock generator's and worker's own ``from vllm... import`` lines)
@@ -51,11 +50,29 @@ def static_params(view, name: str, method: str | None = None) -> dict[str, inspe
     return view.require(view.vllm.params(module, name, method), what)
 
 
-def required(param: inspect.Parameter) -> bool:
-    return param.default is inspect.Parameter.empty and param.kind not in (
-        inspect.Parameter.VAR_POSITIONAL,
-        inspect.Parameter.VAR_KEYWORD,
-    )
+def keyword_patch(cls: str, name: str, value: Any, judge, *, callers_choice: bool = False):
+    """``(probe, static_probe, apply, calls)`` of a patch that passes ``name=value`` to the stock
+    generator's ``cls(...)`` (``callers_choice``: unless the call passes it already). Both probes give
+    ``judge`` the parameters of ``cls`` (imported, or read from the installed sources); ``calls``
+    declares the keyword added, for the ``stock-calls`` check."""
+
+    def probe(module) -> Probe:
+        return judge(params(getattr(module, cls)))
+
+    def static_probe(view) -> Probe:
+        return judge(static_params(view, cls))
+
+    def forced(wrapped, instance, args, kwargs):
+        if callers_choice:
+            kwargs.setdefault(name, value)
+        else:
+            kwargs[name] = value
+        return wrapped(*args, **kwargs)
+
+    def apply(module, patcher) -> None:
+        patcher.wrap(module, cls, forced)
+
+    return probe, static_probe, apply, {cls: Edit(add=(name,))}
 
 
 def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> Probe:
@@ -126,7 +143,7 @@ def source_has(func, parts) -> bool:
 
 def transformers_version() -> str:
     """The installed transformers version (from its metadata; nothing imported)."""
-    from speculators_compat.core import versions
+    from speculators_compat.patching import versions
 
     found = versions.installed("transformers")
     return str(found.version) if found else "not installed"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 
 from .core import _checkout, _env
+from .core import preflight as _preflight
+from .core import registry as _registry
 from .core._log import logger as _logger
 from .errors import (CaptureContractError, CompatError, ConfigurationError, IncompatibleVllmError, InvalidInputError,
                      SelfCheckError, WorkerDiedError)
@@ -38,6 +40,23 @@ __all__ = [
 ]
 
 _checkout.install(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _checks():
+    from .check import checks
+
+    return checks.CHECKS
+
+
+def _evidence(release, table):
+    from .check import validation
+
+    return validation.evidence(release, table)
+
+
+# the engine's core imports nothing of check/ or run/: its checks and the validation evidence are wired in here
+_preflight.wire(_checks)
+_registry.wire_evidence(_evidence)
 
 if _env.verbose():
     _logger()  # at once, so the verbose handler is there before anything logs

@@ -22,7 +22,7 @@ NEEDED = [
     "speculators_compat/testing/remote_code/kimi_k25/configuration_kimi_k25.py",
 ]
 ENTRY_POINTS = ["speculators-compat = speculators_compat.cli:main",
-                "speculators_compat = speculators_compat.core.plugin:register"]
+                "speculators_compat = speculators_compat.plugin:register"]
 
 
 def main(folder: str) -> int:

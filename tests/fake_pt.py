@@ -3,7 +3,7 @@
 :func:`save` writes what ``torch.save`` writes for a dict of lists of dense tensors: a zip
 archive with ``<name>/data.pkl`` -- a protocol-2 pickle in which each tensor is
 ``torch._utils._rebuild_tensor_v2(<persistent storage>, 0, size, stride, False, OrderedDict())``
--- and one ``<name>/data/<key>`` record per storage. ``tests/test_verify.py`` checks, where torch
+-- and one ``<name>/data/<key>`` record per storage. ``tests/run/test_verify.py`` checks, where torch
 is installed, that :mod:`speculators_compat.run.ptfile` reads torch's own archives the same way.
 """
 
@@ -98,7 +98,7 @@ def save(obj, path) -> None:
     a folder the runner protects, atomically, as the ``atomic-save`` patch makes ``torch.save``
     (a file under its final name is complete: a shard counts the others' files by name)."""
     try:
-        from speculators_compat.run import atomic
+        from speculators_compat.services import atomic
     except ImportError:  # the fake alone, without the library
         atomic = None
     final = atomic.protected(path) if atomic is not None else None

@@ -556,7 +556,7 @@ def write_run(folder: str, run: dict) -> str:
     ``models``, ``tp``, ``env`` ...) into ``folder``; returns the file's path."""
     import datetime
 
-    from speculators_compat.run import atomic
+    from speculators_compat.services import atomic
 
     os.makedirs(folder, exist_ok=True)
     run = {"date": datetime.date.today().isoformat(), **run}
@@ -580,7 +580,7 @@ def merge(run_files: list[str], path: str | None = None) -> list[dict]:
     fewer than ``MIN_MODELS`` model shapes is not merged (ValueError). Returns the merged runs."""
     from packaging.version import Version
 
-    from speculators_compat.run import atomic
+    from speculators_compat.services import atomic
 
     from speculators_compat.check import validation
 

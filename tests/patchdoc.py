@@ -1,7 +1,7 @@
 """The patch list of ``docs/patches.md``, generated from the patch declarations.
 
 ``python tests/matrix.py generate`` writes it between the two markers below (the prose around them
-is hand-written); ``tests/test_matrix.py`` fails when it is out of date. Each patch gives its id,
+is hand-written); ``tests/tools/test_matrix.py`` fails when it is out of date. Each patch gives its id,
 title, side, kind, target, vLLM and speculators ranges, the API and delta it answers, the upstream
 reference, when it can be removed and the first paragraph of its module's docstring.
 """
@@ -76,7 +76,7 @@ def section(patches, groups=(), checks=()) -> str:
     if checks:
         out += ["### The engine's checks", "",
                 "They run after every patch of their target, before its entry point does any heavy work "
-                "(`speculators_compat/core/preflight.py`).", ""]
+                "(`speculators_compat/check/checks.py`).", ""]
         out += [part for check in checks for part in (entry(check), "")]
     out.append(END)
     return "\n".join(out)

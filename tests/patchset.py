@@ -46,9 +46,29 @@ def touches(patch) -> set[Touch]:
 
 def test_file(patch) -> str:
     """Where ``patch``'s own unit tests live, relative to the checkout:
-    ``tests/patches/<group>/test_<module>.py``, its module's file name under its group."""
-    group, module = _module_of(patch).split(".")[-2:]
-    return f"tests/patches/{group}/test_{module}.py"
+    ``tests/patches/<group>/test_<module>.py``, its module's file name under its group (the
+    folder of ``patches/`` it is in: a data-path patch of ``features/datapath/`` is in ``features``)."""
+    parts = _module_of(patch).split(".")
+    group = parts[parts.index("patches") + 1] if "patches" in parts[:-1] else parts[-2]
+    return f"tests/patches/{group}/test_{parts[-1]}.py"
+
+
+#: what a patch's test file declares about where the patch is shown needed (tests/test_e2e.py)
+EVIDENCE = ("NEEDED", "NEEDED_WHERE", "NEEDED_04", "SHOWN_NEEDED")
+
+
+def evidence(path, names=EVIDENCE) -> dict:
+    """The evidence a test file declares (module-level ``NEEDED = {...}`` & co.), read with ``ast``
+    (the file is not imported): ``{patch id or "a,b": ...}``."""
+    import ast
+
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), str(path))
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) in names for t in node.targets):
+            out.update(ast.literal_eval(node.value))
+    return out
 
 
 def _module_of(patch) -> str:
@@ -167,4 +187,7 @@ class _Reader:
                     and getattr(node.value.func, "id", None) == "generator_patch" and len(node.value.args) == 2:
                 return {Touch("wrap", f"{self.target}.VllmHiddenStatesGenerator", m)
                         for m in self.keys(node.value.args[1])}
-        raise LookupError(f"{self.module.__name__}: no apply() and no generator_patch(...) to read")
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and getattr(node.value.func, "id", None) == "keyword_patch" and node.value.args:
+                return {Touch("wrap", self.target, self.const(node.value.args[0]))}
+        raise LookupError(f"{self.module.__name__}: no apply(), generator_patch(...) or keyword_patch(...) to read")

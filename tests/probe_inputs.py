@@ -1,6 +1,6 @@
 """Small builders of what the probes and the decision read: signatures as ``inspect`` gives them
 (``P``, ``sig``) and an install's context from a validation table (``inst``, ``_context_of``); for
-tests/test_registry.py and the patches' own tests (tests/patches/<group>/)."""
+tests/core, tests/check and the patches' own tests (tests/patches/<group>/)."""
 
 from __future__ import annotations
 

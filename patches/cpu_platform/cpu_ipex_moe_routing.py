@@ -44,11 +44,10 @@ from __future__ import annotations
 import inspect
 import platform
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Shape, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, Shape, declare
 
 from .._ranges import SPECULATORS_ALL
-from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
+from ._deepseek import cpu_deepseek_gate, cpu_deepseek_gate_static
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
@@ -73,11 +72,9 @@ def probe(module) -> Probe:
 
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    unreachable = deepseek_unreachable()
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate()
+    if gate is not None:
+        return gate
     if importlib.util.find_spec(MOE) is None:
         return _judge(True, True, False, "", "", (), ())
     moe = _module()
@@ -106,11 +103,9 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
-    unreachable = deepseek_unreachable_static(view)
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate_static(view)
+    if gate is not None:
+        return gate
     if view.vllm.module_file(MOE) is None or not view.vllm.mro(MOE, "IPEXFusedMOE"):
         return _judge(True, True, False, "", "", (), ())
     build = view.vllm.source(METHOD, "UnquantizedFusedMoEMethod", "process_weights_after_loading")
@@ -124,7 +119,7 @@ def static_probe(view) -> Probe:
 
 
 def _ipex_installed() -> bool:
-    from speculators_compat.core import versions
+    from speculators_compat.patching import versions
 
     return any(versions.installed(d) is not None for d in (IPEX, IPEX.replace("_", "-")))
 
@@ -200,19 +195,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(_module().IPEXFusedMOE, "__call__", _call)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-ipex-moe-routing",
     title="IPEX grouped top-k routing of the 0.11.x x86 CPU MoE",
     delta="0.11.x x86 CPU MoE runs IPEX GatedMLPMOE, whose grouped_topk puts the e_score_correction_bias into the weights",
     api=f"{MOE}.IPEXFusedMOE.__call__",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     target=WORKER,
     vllm=">=0.11.1,<0.12",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM 0.12 dropped IPEXFusedMOE: every CPU runs vLLM's own CPUFusedMOE (grouped_topk as in vLLM)",
     remove_when="vLLM 0.11.x is no longer supported",
 )

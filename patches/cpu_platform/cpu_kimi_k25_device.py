@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import contextvars
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -51,7 +50,7 @@ def _judge(cpu: bool, source: str | None) -> Probe:
 def probe(module) -> Probe:
     from vllm.platforms import current_platform
 
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     if not current_platform.is_cpu():
         return _judge(False, None)
@@ -88,19 +87,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(getattr(kimi, CLASS), "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-kimi-k25-device",
     title="Kimi-K2.5's device on the CPU platform (vLLM 0.15)",
     delta="KimiK25ForConditionalGeneration: torch.cuda.current_device() -> current_platform.current_device() (0.16)",
     api=f"{KIMI}.{CLASS}.__init__",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     vllm=">=0.15,<0.16",
     target=WORKER,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="fixed in vLLM 0.16.0 (current_platform.current_device())",
     remove_when="vLLM 0.15.x is no longer supported",
 )

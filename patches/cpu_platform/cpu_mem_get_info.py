@@ -19,8 +19,7 @@ Remove when the generator asks vLLM's platform for memory (not in speculators 0.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._ranges import SPECULATORS_03
 
@@ -63,18 +62,13 @@ def apply(module, patcher) -> None:
     patcher.wrap(torch.cuda, "mem_get_info", _mem_get_info)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-mem-get-info",
     title="device memory on the CPU platform",
     delta="torch.cuda.mem_get_info() raises without a GPU -> current_platform memory",
     api="torch.cuda.mem_get_info / vllm.platforms.current_platform",
-    side=Side.DRIVER,
     kind=Kind.PLATFORM,
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators asks vLLM's platform for device memory",
 )

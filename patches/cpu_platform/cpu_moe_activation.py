@@ -31,8 +31,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -105,19 +104,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(getattr(_module(), LAZY), "__missing__", _missing)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-moe-activation",
     title="CPU fused-MoE activation built without a vLLM config",
     delta="cpu_fused_moe_torch instantiates SiluAndMul() at forward time (0.14) -> AssertionError at warm-up",
     api=f"{MOE}.{LAZY}.__missing__",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     vllm=">=0.14,<0.15",
     target=WORKER,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM 0.15 uses SiluAndMul.forward_native (the static method) in the CPU fused MoE",
     remove_when="vLLM 0.14 is no longer supported",
 )

@@ -34,8 +34,7 @@ import ast
 import importlib
 import inspect
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -108,20 +107,16 @@ def apply(module, patcher) -> None:
     patcher.set_item(table, key, SiluAndMul.forward_native)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-moe-silu-instance",
     title="CPU fused-MoE SiLU built as an op at every forward",
     delta="_CPU_MOE_ACT_FN[SILU] = lambda x: SiluAndMul(...).forward_native(x) (0.20-0.24) -> AssertionError at forward",
     api=f"{MOE}.{TABLE}[MoEActivation.SILU]",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     vllm=">=0.20,<0.25",
     family="cpu-moe-activation",
     target=WORKER,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM 0.25.0 maps SiLU to the static SiluAndMul.forward_native in the CPU fused MoE",
     remove_when="vLLM 0.24 is no longer supported",
 )

@@ -36,8 +36,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Shape, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, Shape, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -158,19 +157,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(_custom_ops, "fused_add_rms_norm", _fused_add_rms_norm)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-rms-norm-strided",
     title="CPU RMS-norm kernel with strided inputs",
     delta="_custom_ops.rms_norm: input.contiguous() dropped (0.12); the CPU kernel ignores row strides",
     api="vllm._custom_ops.rms_norm / fused_add_rms_norm on the CPU platform",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     vllm=">=0.12,<0.14",
     target=WORKER,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM PR #28103 (0.12) dropped the contiguous call; from 0.14 CPU custom ops run forward_native",
     remove_when="vLLM 0.12.x and 0.13.x are no longer supported",
 )

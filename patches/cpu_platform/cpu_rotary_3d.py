@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import inspect
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_ALL
-from ._deepseek import deepseek_unreachable, deepseek_unreachable_static
+from ._deepseek import cpu_deepseek_gate, cpu_deepseek_gate_static
 
 
 def _rotary():
@@ -44,23 +43,17 @@ def _rotary():
 
 
 def probe(module) -> Probe:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    unreachable = deepseek_unreachable()
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate()
+    if gate is not None:
+        return gate
     rotary = _rotary()
     return _judge(inspect.getsource(rotary.forward_cpu), inspect.getsource(rotary.forward_cuda))
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
-    unreachable = deepseek_unreachable_static(view)
-    if unreachable is not None:
-        return unreachable
+    gate = cpu_deepseek_gate_static(view)
+    if gate is not None:
+        return gate
     module = vllm_module(view, "RotaryEmbedding")
     sources = [view.vllm.source(module, "RotaryEmbedding", m) for m in ("forward_cpu", "forward_cuda")]
     if not sources[0]:
@@ -91,19 +84,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(_rotary(), "forward_cpu", _forward_cpu)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="cpu-rotary-3d",
     title="CPU rotary kernel with 3-D queries",
     delta="ops.rotary_embedding on CPU assumes [tokens, heads*dim]; DeepSeek non-MLA passes [tokens, heads, dim]",
     api="vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.forward_cpu",
-    side=Side.WORKER,
     kind=Kind.PLATFORM,
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM CPU backend (not fixed as of 0.16)",
     remove_when="vLLM's CPU rotary kernel handles 3-D query/key",
 )

@@ -18,8 +18,7 @@ Remove when speculators asks vLLM's platform for device memory.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, Kind, Probe, declare
 
 from .._ranges import SPECULATORS_04
 from .cpu_mem_get_info import platform_memory
@@ -56,19 +55,13 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "mem_get_info", _mem_get_info)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="s04-cpu-mem-get-info",
     title="device memory on the CPU platform (speculators 0.4)",
     delta="speculators.utils.util.mem_get_info() fails or gives (0, 0) without a GPU -> current_platform memory",
     api="speculators.utils.util.mem_get_info / vllm.platforms.current_platform",
-    side=Side.DRIVER,
     kind=Kind.PLATFORM,
     after=("cpu-mem-get-info",),  # its speculators 0.4 twin: answers with its platform_memory
-    target=GENERATOR,
     speculators=SPECULATORS_04,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
-    upstream="not fixed in speculators 0.4.x",
     remove_when="speculators asks vLLM's platform for device memory",
 )

@@ -29,8 +29,7 @@ import inspect
 import logging
 import os
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -81,21 +80,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="driver-threads",
     title="the generator's process keeps its torch threads",
     delta="starting the executor sets the parent's torch threads to 1 -> restored after it started",
     api="vllm.v1.executor.multiproc_executor.set_multiprocessing_worker_envs",
-    side=Side.DRIVER,
     kind=Kind.PERFORMANCE,
     depends_on=(),
     after=("dtype",),  # wraps __init__ outside it
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM does this on purpose for its engine process",
     remove_when="the stock generator no longer post-processes in the executor's parent process",
 )

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import contextvars
 
-from speculators_compat.core import _env
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Option, Probe, declare, render
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_ALL
 
-ENV = _env.DTYPE
+DTYPE = Option("SPECULATORS_COMPAT_DTYPE", "the model dtype of every generator that is not given one")
+ENV = DTYPE.name
 _requested: contextvars.ContextVar[str | None] = contextvars.ContextVar("speculators_compat_dtype", default=None)
 
 
@@ -45,7 +43,7 @@ def static_probe(view) -> Probe:
 
 
 def _init(wrapped, instance, args, kwargs):
-    dtype = kwargs.pop("dtype", None) or _env.dtype()
+    dtype = kwargs.pop("dtype", None) or DTYPE.raw() or None
     token = _requested.set(dtype)
     try:
         return wrapped(*args, **kwargs)
@@ -65,20 +63,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="dtype",
     title="dtype choice",
     delta="ModelConfig(dtype='auto') hard-coded -> VllmHiddenStatesGenerator(dtype=...) / SPECULATORS_COMPAT_DTYPE",
     api="vllm.config.ModelConfig(dtype=)",
-    side=Side.DRIVER,
     kind=Kind.FEATURE,
     after=("runner-v1",),  # wraps __init__ outside it
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators 0.3.x / 0.4.x",
     remove_when="speculators exposes the dtype",
 )

@@ -53,17 +53,15 @@ import logging
 
 import wrapt
 
-from speculators_compat.core import _env
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
+from speculators_compat.patching import Kind, Option, Probe, declare
 
-from speculators_compat.core.targets import GENERATOR
 
 from .._probes import params, source_has, static_params, vllm_module
 from .._ranges import SPECULATORS_03
 
 log = logging.getLogger("speculators_compat")
 
-ASYNC_ENV = _env.ASYNC_STEPS
+ASYNC_STEPS = Option("SPECULATORS_COMPAT_ASYNC_STEPS", "``0``: steps are not pipelined on an accelerator")
 #: replies left outstanding at most (two steps: execute_model + sample_tokens each)
 IN_FLIGHT = 4
 METHODS = ("execute_model", "sample_tokens")
@@ -265,7 +263,7 @@ def _executor(wrapped, instance, args, kwargs):
 
 
 def _async_steps() -> bool:
-    if _env.async_steps_off():
+    if ASYNC_STEPS.raw() == "0":  # the user keeps steps unpipelined
         return False
     from vllm.platforms import current_platform
 
@@ -288,22 +286,15 @@ def apply(module, patcher) -> None:
         patcher.wrap(module, "SchedulerConfig", _scheduler_config)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="pipelined-steps",
     title="the next step is scheduled while the workers run the current one",
     delta="every step waits for a reply the stock loop never reads -> steps sent without waiting",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens(non_block=)",
-    side=Side.DRIVER,
     kind=Kind.PERFORMANCE,
     # its proxy sits inside v5's two-phase proxy (which calls it) and outside v4's and v7's; it
     # wraps SchedulerConfig outside v1-chunked-prefill's (and inside v5's)
     after=("v7", "v1-chunked-prefill"),
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

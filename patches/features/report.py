@@ -13,11 +13,11 @@ between the calls -- the caller's own work, e.g. the stock script queueing its s
 ``__del__`` is wrapped to shut the executor down itself and log the
 outcome (the stock ``__del__`` swallows any error into a vague warning); after vLLM shut the
 executor down because a worker died, the line says so and names the worker. A generator that
-has been called is registered with :mod:`speculators_compat.run.lifecycle`, so that
+has been called is registered with :mod:`speculators_compat.services.lifecycle`, so that
 ``speculators-compat run`` can stop its workers on Ctrl-C / SIGTERM, and so that one still alive
 when the interpreter exits is shut down (with its line) by an ``atexit`` handler, not left to a
 ``__del__`` during the interpreter's teardown. Under ``speculators-compat run`` the first call
-also takes the generator's facts for the run manifest (:mod:`speculators_compat.run.manifest`).
+also takes the generator's facts for the run manifest (:mod:`speculators_compat.services.manifest`).
 ``SPECULATORS_COMPAT_VERBOSE=1`` also shows which patch applied where.
 
 Detection: the generator class defines the methods it wraps (``WRAPPERS``).
@@ -30,14 +30,12 @@ from __future__ import annotations
 import logging
 import time
 
-from speculators_compat.run import lifecycle, manifest
-from speculators_compat.core.registry import Kind, Patch, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, declare, lifecycle, manifest
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL
-from .datapath import checking
-from .datapath.pool import pool_of
+from .datapath._runtime import checking
+from .datapath._runtime.pool import pool_of
 
 log = logging.getLogger("speculators_compat")
 #: attribute of the generator holding its run totals
@@ -132,20 +130,15 @@ WRAPPERS = {"generate": _generate, "__del__": _del}
 probe, static_probe, apply = generator_patch("report", WRAPPERS)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="report",
     title="end-of-call and end-of-run log lines",
     delta="a clean shutdown looks like a crash in vLLM's worker logs -> one clear line",
     api="VllmHiddenStatesGenerator.generate/__del__",
-    side=Side.DRIVER,
     kind=Kind.FEATURE,
     depends_on=(),
     after=("guard-input",),  # wraps generate() outside guard-input: times the whole call
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     remove_when="never: this is the library's own report",
 )

@@ -41,8 +41,7 @@ from __future__ import annotations
 import contextvars
 import logging
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._probes import generate_probes
 from .._ranges import SPECULATORS_ALL
@@ -117,22 +116,17 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="tokenizer-trust",
     title="the generator's tokenizer load trusts remote code like its config load",
     delta="AutoTokenizer.from_pretrained(model_path) without trust_remote_code -> trust_remote_code=True "
     "(as AutoConfig and ModelConfig already get)",
     api="speculators VllmHiddenStatesGenerator.__init__: AutoTokenizer.from_pretrained",
-    side=Side.DRIVER,
     kind=Kind.FEATURE,
     depends_on=(),
     after=("spawn-workers",),  # wraps __init__ outside it
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators passes trust_remote_code to its tokenizer load",
 )

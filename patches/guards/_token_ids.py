@@ -11,7 +11,7 @@ import logging
 import numbers
 import sys
 
-from speculators_compat.errors import InvalidInputError
+from speculators_compat.patching import InvalidInputError
 
 from .._probes import source_has
 

@@ -9,10 +9,10 @@ loads nothing useful from).
 
 How: ``torch.save``, ``pathlib.Path.write_text`` and ``pathlib.Path.write_bytes`` are
 wrapped. A write whose destination is a path directly inside a folder registered with
-:func:`speculators_compat.run.atomic.protect` -- ``speculators-compat run`` registers the
+:func:`speculators_compat.services.atomic.protect` -- ``speculators-compat run`` registers the
 stock script's ``--output-dir`` -- goes to a temporary file in the same folder
 (``.<name>.<random>.tmp``), which is fsynced, given the permissions ``open()`` would give
-it, and renamed over the final name (:func:`speculators_compat.run.atomic.atomic_path`). Any
+it, and renamed over the final name (:func:`speculators_compat.services.atomic.atomic_path`). Any
 other destination (a file object, another folder, every write when nothing is registered)
 goes through unchanged. A kill leaves at most a temporary file, which the next run's resume
 sets aside.
@@ -34,9 +34,9 @@ applies).
 
 Errors on time: the stock script looks at its save futures only after its last batch, so a save
 that fails (a full disk, a permission) would surface hours later. A failed write into the folder
-is recorded (:func:`speculators_compat.run.atomic.record_failure`) and re-raised as before; the
+is recorded (:func:`speculators_compat.services.atomic.record_failure`) and re-raised as before; the
 generator's ``generate()`` is wrapped to raise it at its next call as
-:class:`speculators_compat.run.atomic.SaveFailedError` (an ``OSError`` with the original's
+:class:`speculators_compat.services.atomic.SaveFailedError` (an ``OSError`` with the original's
 ``errno``; the original is its ``__cause__``), before any request is sent.
 
 Detection: ``torch.save`` takes ``(obj, f, ...)``; ``Path.write_text`` / ``write_bytes``
@@ -61,8 +61,7 @@ import os
 import pathlib
 import struct
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -93,7 +92,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     params = Sources("torch").params("torch.serialization", "save")
     return _judge(list(params) if params else None)
@@ -193,7 +192,7 @@ def _use_direct(args, kwargs) -> bool:
 
 
 def _torch_save(wrapped, instance, args, kwargs):
-    from speculators_compat.run import atomic
+    from speculators_compat.patching import atomic
 
     in_kwargs = "f" in kwargs
     target = kwargs["f"] if in_kwargs else (args[1] if len(args) > 1 else None)
@@ -214,14 +213,14 @@ def _torch_save(wrapped, instance, args, kwargs):
 
 def _generate(wrapped, instance, args, kwargs):
     """A save into the output folder failed since the last call: stop here, with that error."""
-    from speculators_compat.run import atomic
+    from speculators_compat.patching import atomic
 
     atomic.raise_if_failed()
     return wrapped(*args, **kwargs)
 
 
 def _path_write(wrapped, instance, args, kwargs):
-    from speculators_compat.run import atomic
+    from speculators_compat.patching import atomic
 
     final = atomic.protected(instance)
     if final is None:
@@ -248,21 +247,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(pathlib.Path, "write_bytes", _path_write)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="atomic-save",
     title="atomic writes into the run's output folder",
     delta="torch.save / Path.write_text straight to the final name (truncated files after a kill), a failed save seen after the last batch -> temporary file (storages written outside the GIL), fsync, rename; the next generate() raises a failed save",
     api="torch.save / pathlib.Path.write_text / pathlib.Path.write_bytes / VllmHiddenStatesGenerator.generate",
-    side=Side.DRIVER,
     kind=Kind.GUARD,
     depends_on=(),
     after=("worker-death",),  # wraps generate() outermost: a failed save stops the call before anything runs
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators (0.3.0 - 0.4.x save straight to the final name)",
     remove_when="the stock script saves atomically",
 )

@@ -51,9 +51,7 @@ import logging
 import os
 import re
 
-from speculators_compat.errors import InvalidInputError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import GENERATOR, InvalidInputError, Kind, Probe, declare
 
 from .._idle_output import forget_idle
 from .._probes import generator_members, generator_methods, source_of
@@ -387,20 +385,15 @@ def apply(module, patcher) -> None:
         patcher.wrap(module.VllmHiddenStatesGenerator, method, wrapper)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="guard-input",
     title="input validation and recovery",
     delta="bad input reaches vLLM (worker crash, unusable generator) -> clear error, generator stays usable",
     api="VllmHiddenStatesGenerator.__init__/generate",
-    side=Side.DRIVER,
     kind=Kind.GUARD,
     depends_on=(),
     after=("driver-threads", "guard-output", "self-check"),  # wraps __init__, the output check and the self-check
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     remove_when="never: this is the library's own guard",
 )

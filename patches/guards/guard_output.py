@@ -19,13 +19,11 @@ For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
 
 from __future__ import annotations
 
-from speculators_compat.errors import CaptureContractError
-from speculators_compat.core.registry import Kind, Patch, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import CaptureContractError, Kind, declare
 
 from .._probes import generator_patch
 from .._ranges import SPECULATORS_ALL
-from ..features.datapath.reply import transfer_of
+from ..features.datapath._runtime.reply import transfer_of
 
 
 def check(generator, inputs, results) -> None:
@@ -83,20 +81,15 @@ WRAPPERS = {"generate": _generate}
 probe, static_probe, apply = generator_patch("guard", WRAPPERS)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="guard-output",
     title="output contract",
     delta="wrong, missing or reordered rows returned silently -> CaptureContractError",
     api="VllmHiddenStatesGenerator.generate",
-    side=Side.DRIVER,
     kind=Kind.GUARD,
     depends_on=(),
     after=("s04-result-order", "results-in-place"),  # checks what the repaired generate() returns
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     remove_when="never: this is the library's own guard",
 )

@@ -55,11 +55,7 @@ import os
 import time
 import weakref
 
-from speculators_compat.run import leftovers
-from speculators_compat.errors import WorkerDiedError
-from speculators_compat.run.lifecycle import dead_workers, real_executor, watch_workers
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, WorkerDiedError, declare, leftovers, lifecycle
 
 from .._probes import generator_members, source_of, vllm_module
 from .._ranges import SPECULATORS_ALL
@@ -144,7 +140,7 @@ def _note_segments(executor) -> None:
     """Note each worker's reply buffer, and the segments its workers made for themselves (the
     tensor-parallel group's broadcast buffer, vLLM's CPU communicator): a worker killed by a
     signal -- the one that died, or one vLLM's shutdown had to SIGKILL -- unlinks none of them."""
-    real = real_executor(executor)
+    real = lifecycle.real_executor(executor)
     workers = list(getattr(real, "workers", None) or ())
     queues = list(getattr(real, "response_mqs", None) or ())
     if not workers:
@@ -183,7 +179,7 @@ def release(executor, all_stopped: bool = False) -> list[str]:
     unlink its own, and Python's resource tracker would only remove it when this process exits
     (warning "leaked shared_memory objects"). Each dead worker's reply buffer; once every worker
     has stopped (``all_stopped``), also the segments only the workers mapped."""
-    real = real_executor(executor)
+    real = lifecycle.real_executor(executor)
     try:
         noted = _NOTED.get(real)
     except TypeError:
@@ -214,7 +210,7 @@ def release(executor, all_stopped: bool = False) -> list[str]:
 def _others_stopped(executor, timeout: float) -> bool:
     """Wait (at most ``timeout`` s) until vLLM's monitor has stopped every worker."""
     end = time.monotonic() + timeout
-    for worker in list(getattr(real_executor(executor), "workers", None) or ()):
+    for worker in list(getattr(lifecycle.real_executor(executor), "workers", None) or ()):
         worker.proc.join(timeout=max(0.0, end - time.monotonic()))
         if worker.proc.exitcode is None:
             return False
@@ -222,7 +218,7 @@ def _others_stopped(executor, timeout: float) -> bool:
 
 
 def _raise_if_dead(executor, exc: BaseException, when: str) -> None:
-    what = dead_workers(executor, settle=1.0) if executor is not None else None
+    what = lifecycle.dead_workers(executor, settle=1.0) if executor is not None else None
     if what is None:
         return
     stopped = _others_stopped(executor, STOP_WAIT_S)
@@ -239,7 +235,7 @@ def _raise_if_dead(executor, exc: BaseException, when: str) -> None:
 
 def _executor(wrapped, instance, args, kwargs):
     executor = wrapped(*args, **kwargs)
-    watch_workers(executor)
+    lifecycle.watch_workers(executor)
     _note_segments(executor)
     return executor
 
@@ -266,19 +262,14 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="worker-death",
     title="a dead vLLM worker is named in the error",
     delta="a worker killed mid-call -> 'cancelled' / 'Connection reset by peer' / 'Executor failed.' -> WorkerDiedError naming it",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor (worker monitor, collective_rpc cancel= / reply queue shutdown)",
-    side=Side.DRIVER,
     kind=Kind.GUARD,
     after=("v5", "guard-input", "report"),  # outermost: sees the error after guard-input's recovery
-    target=GENERATOR,
     vllm=RELEASES,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     remove_when="never: the library's own guard",
 )

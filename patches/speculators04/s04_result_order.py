@@ -19,8 +19,7 @@ Remove when speculators returns results in input order (deleted generator in 0.5
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._probes import generate_probes
 from .._ranges import SPECULATORS_04
@@ -54,19 +53,13 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="s04-result-order",
     title="results in input order (speculators 0.4)",
     delta="results sorted by string request id -> input order",
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x)",
-    side=Side.DRIVER,
     kind=Kind.FIX,
     after=("s04-scheduler-loop",),  # reorders what the repaired loop returns
-    target=GENERATOR,
     speculators=SPECULATORS_04,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.4.0.1",
-    remove_when="speculators 0.4.x is no longer supported",
 )

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._idle_output import call_then_flush, flush_finished, remember_idle
 from .._probes import generate_probes
@@ -75,19 +74,13 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="s04-scheduler-loop",
     title="free prefilled slots (speculators 0.4)",
     delta="loop without update_from_output keeps prefilled requests in their slots -> only max_num_seqs captured",
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x) / vllm Scheduler.schedule",
-    side=Side.DRIVER,
     kind=Kind.FIX,
     after=("v5",),  # wraps Scheduler and generate outside v5 (never both: speculators 0.3 / 0.4)
-    target=GENERATOR,
     speculators=SPECULATORS_04,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.4.0.1",
-    remove_when="speculators 0.4.x is no longer supported",
 )

@@ -35,9 +35,7 @@ import importlib.util
 import sys
 import types
 
-from speculators_compat.errors import CompatError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import SPECULATORS_CONFIG
+from speculators_compat.patching import SPECULATORS_CONFIG, CompatError, Kind, Probe, Side, declare
 
 from .._probes import transformers_version
 from .._ranges import SPECULATORS_03
@@ -66,7 +64,7 @@ def stand_in() -> types.ModuleType:
 
 
 def _speculators_imports_it(view=None) -> bool:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     src = view.speculators if view is not None else Sources("speculators")
     return (REMOVED, FUNCTION) in src.imports(IMPORTER, "transformers")
@@ -93,7 +91,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     # read the installed files: find_spec would import transformers (and torch with it)
     exists = Sources("transformers").module_file(REMOVED) is not None
@@ -116,7 +114,7 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "reload_and_populate_configs", _reload_and_populate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="tf5-attn-mask-utils",
     title="import speculators on transformers >= 5.24 (removed mask module)",
     delta="transformers 5.24 removed transformers.modeling_attn_mask_utils, imported by speculators.models.eagle "
@@ -125,11 +123,6 @@ PATCH = Patch(
     side=Side.DRIVER,  # and every vLLM worker: any process that imports speculators
     target=SPECULATORS_CONFIG,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     kind=Kind.PLATFORM,
     depends_on=("transformers",),
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -48,8 +48,7 @@ from __future__ import annotations
 import ast
 import sys
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import SPECULATORS_UTILS
+from speculators_compat.patching import SPECULATORS_UTILS, Kind, Probe, Side, declare
 
 from .._probes import transformers_version
 from .._ranges import SPECULATORS_03
@@ -124,7 +123,7 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     version = transformers_version()
     src = Sources("transformers")
@@ -159,7 +158,7 @@ def apply(module, patcher) -> None:
         raise TypeError(f"{cls.__name__}'s annotations still do not resolve ({missing!r} is undefined)")
 
 
-PATCH = Patch(
+PATCH = declare(
     id="tf5-config-torch",
     title="import speculators on transformers v5 (torch annotation)",
     delta="transformers v5: PreTrainedConfig is a dataclass annotated 'torch.dtype' (torch imported only "
@@ -168,11 +167,6 @@ PATCH = Patch(
     side=Side.DRIVER,  # and every vLLM worker: any process that imports speculators
     target=SPECULATORS_UTILS,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     kind=Kind.PLATFORM,
     depends_on=("transformers",),
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, IncompatibleVllmError, Kind, Probe, declare
 
 from .._probes import source_of
 from .._ranges import SPECULATORS_03
@@ -148,22 +146,17 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, "_store_captured_states", _store)
 
 
-PATCH = Patch(
+PATCH = declare(
     id=MRV2_ROWS,
     title="captured rows placed by request id under Model Runner V2 (vLLM 0.34: the only runner)",
     delta="Model Runner V2 (0.34: the only runner; 0.22 - 0.33: with VLLM_USE_V2_MODEL_RUNNER=1) orders a "
     "step's requests by token count -> rows handed on in the scheduler's (input) order",
     api=f"{MRV2}.GPUModelRunner.prepare_inputs (InputBatch.req_ids, query_start_loc_np)",
-    side=Side.WORKER,
     kind=Kind.DELTA,
     vllm=">=0.22",
     after=("offload-captured", "shm-transport"),  # wraps _store_captured_states outside them: they get input order
     target=WORKER,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM 0.34.0 removed the V1 model runner (0.22 chose MRv2 on its own); speculators 0.3.x cuts rows "
     "in input order",
-    remove_when="speculators 0.3.x is no longer supported",
 )

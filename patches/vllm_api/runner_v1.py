@@ -32,10 +32,9 @@ from __future__ import annotations
 import logging
 import os
 
-from speculators_compat.errors import IncompatibleVllmError
-from speculators_compat.core import hooks, registry, versions
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import (
+    IncompatibleVllmError, Kind, Probe, Status, context, declare, evaluate, patches, validated_here, versions,
+)
 
 from .._probes import source_of
 from .._ranges import SPECULATORS_ALL
@@ -75,14 +74,14 @@ def static_probe(view) -> Probe:
 
 def _mrv2_refused() -> str | None:
     """Why Model Runner V2 may not run here (None: ``mrv2-rows`` is on and validated on this release)."""
-    rows = next((p for p in hooks.patches() if p.id == MRV2_ROWS), None)
+    rows = next((p for p in patches() if p.id == MRV2_ROWS), None)
     if rows is None:
         return f"{MRV2_ROWS}, which places its rows by request id, is not in the installed patch set"
-    ctx = registry.context()
-    gate = registry.evaluate(rows, None, ctx=ctx)  # before its probe: installed, in its ranges, not disabled
-    if gate.status is not registry.Status.PENDING:
+    ctx = context()
+    gate = evaluate(rows, None, ctx=ctx)  # before its probe: installed, in its ranges, not disabled
+    if gate.status is not Status.PENDING:
         return f"{MRV2_ROWS}, which places its rows by request id, is off here ({gate.reason})"
-    if registry.validated_here(rows, ctx):
+    if validated_here(rows, ctx):
         return None
     seen = ctx.evidence.patch_releases(MRV2_ROWS) if ctx.evidence else []
     where = f"on vLLM {', '.join(seen)} only" if seen else "on no vLLM release"
@@ -109,21 +108,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="runner-v1",
     title="vLLM's V1 model runner (Model Runner V2 reorders rows)",
     delta="0.22: Model Runner V2 chosen automatically, rows laid out by token count -> V1 kept "
     "(VLLM_USE_V2_MODEL_RUNNER=0)",
     api="vllm.config.VllmConfig.use_v2_model_runner / VLLM_USE_V2_MODEL_RUNNER",
-    side=Side.DRIVER,
     kind=Kind.FIX,
     after=("tokenizer-trust",),  # wraps __init__ outside it
-    target=GENERATOR,
     vllm=">=0.22",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vLLM 0.22 made Model Runner V2 the default for some architectures",
     remove_when="the stock generator maps captured rows by request id",
 )

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import os
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -59,20 +58,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="spawn-workers",
     title="GPU workers spawned, not forked (no 'Cannot re-initialize CUDA in forked subprocess')",
     delta="MultiprocExecutor forks the workers of a driver that touched CUDA -> they are spawned",
     api="VLLM_WORKER_MULTIPROC_METHOD / vllm.v1.executor.multiproc_executor.MultiprocExecutor",
-    side=Side.DRIVER,
     kind=Kind.FIX,
     depends_on=(),  # the start method vLLM itself switches to; the same on every release
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="-",
     remove_when="vLLM spawns GPU workers by default",
 )

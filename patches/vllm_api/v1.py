@@ -20,11 +20,9 @@ vLLM 0.12+). Remove when speculators 0.3.x support is dropped.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Shape, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Edit, Kind, Probe, Shape, declare, render, required
 
-from .._probes import params, required, static_params
+from .._probes import params, static_params
 from .._ranges import SPECULATORS_03
 
 
@@ -80,24 +78,18 @@ def apply(module, patcher) -> None:
         patcher.wrap(module, "get_kv_cache_config_from_groups", _kv_cache_config)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v1",
     title="vLLM 0.12's config calls: SchedulerConfig(is_encoder_decoder=), no kv_cache_specs",
     delta="SchedulerConfig(InitVar is_encoder_decoder required); "
     "get_kv_cache_config_from_groups(-kv_cache_specs)",
     api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.12",
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     calls={
         "SchedulerConfig": Edit(add=("is_encoder_decoder",)),
         "get_kv_cache_config_from_groups": Edit(drop=("kv_cache_specs",)),
     },
     upstream="speculators 0.4.0 builds its configs for vLLM 0.12+",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -19,11 +19,9 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare, render
 
-from .._probes import params, static_params
+from .._probes import keyword_patch
 from .._ranges import SPECULATORS_03
 
 
@@ -37,38 +35,17 @@ def _judge(p) -> Probe:
     return Probe.old(text + " (chunked prefill off unless asked for)")
 
 
-def probe(module) -> Probe:
-    return _judge(params(module.SchedulerConfig))
+probe, static_probe, apply, CALLS = keyword_patch("SchedulerConfig", "enable_chunked_prefill", False, _judge)
 
 
-def static_probe(view) -> Probe:
-    return _judge(static_params(view, "SchedulerConfig"))
-
-
-def _scheduler_config(wrapped, instance, args, kwargs):
-    kwargs["enable_chunked_prefill"] = False
-    return wrapped(*args, **kwargs)
-
-
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "SchedulerConfig", _scheduler_config)
-
-
-PATCH = Patch(
+PATCH = declare(
     id="v1-chunked-prefill",
     title="chunked prefill off (the stock loop aborts partly prefilled prompts)",
     delta="stock loop aborts requests after one step; chunked prefill splits prompts across steps",
     api="vllm.config.SchedulerConfig(enable_chunked_prefill=)",
-    side=Side.DRIVER,
     kind=Kind.FIX,
     vllm=">=0.11.1",
     after=("v1",),  # wraps SchedulerConfig outside v1 (its keywords reach v1's wrapper)
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
-    calls={"SchedulerConfig": Edit(add=("enable_chunked_prefill",))},
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
+    calls=CALLS,
 )

@@ -19,11 +19,9 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 sets it itself).
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare, render
 
-from .._probes import params, static_params
+from .._probes import keyword_patch
 from .._ranges import SPECULATORS_03
 
 
@@ -36,37 +34,17 @@ def _judge(p) -> Probe:
     return Probe.old(f"CacheConfig.enable_prefix_caching defaults to {default!r}")
 
 
-def probe(module) -> Probe:
-    return _judge(params(module.CacheConfig))
+probe, static_probe, apply, CALLS = keyword_patch("CacheConfig", "enable_prefix_caching", False, _judge)
 
 
-def static_probe(view) -> Probe:
-    return _judge(static_params(view, "CacheConfig"))
-
-
-def _cache_config(wrapped, instance, args, kwargs):
-    kwargs["enable_prefix_caching"] = False
-    return wrapped(*args, **kwargs)
-
-
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "CacheConfig", _cache_config)
-
-
-PATCH = Patch(
+PATCH = declare(
     id="v1-prefix-caching",
     title="prefix caching off (vLLM 0.12 turned it on; shared prefixes lose rows)",
     delta="CacheConfig.enable_prefix_caching default None -> True",
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.12",
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
-    calls={"CacheConfig": Edit(add=("enable_prefix_caching",))},
+    calls=CALLS,
     upstream="speculators 0.4.0 disables prefix caching in its CacheConfig",
-    remove_when="speculators 0.3.x is no longer supported",
 )

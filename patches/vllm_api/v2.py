@@ -17,11 +17,9 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 passes ``block_size`
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Edit, Kind, Probe, declare, render, required
 
-from .._probes import params, required, static_params
+from .._probes import params, static_params
 from .._ranges import SPECULATORS_03
 
 
@@ -57,20 +55,14 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "Scheduler", _scheduler)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v2",
     title="Scheduler gets the block_size vLLM 0.11.1 made required",
     delta="Scheduler(+block_size required)",
     api="vllm.v1.core.sched.scheduler.Scheduler",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.11.1",
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     calls={"Scheduler": Edit(add=("block_size",))},
     upstream="speculators 0.4.0 passes block_size",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -22,7 +22,7 @@ Detection: vLLM's reference dense base model ``LlamaModel`` has ``embed_input_id
 ``get_input_embeddings`` (new), or still has ``get_input_embeddings`` (old).
 
 Applied in every worker process (reached through the ``vllm.general_plugins`` entry point,
-see ``speculators_compat.core.plugin``). Remove when speculators 0.3.x is no longer supported.
+see ``speculators_compat.plugin``). Remove when speculators 0.3.x is no longer supported.
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from speculators_compat.errors import IncompatibleVllmError, InvalidInputError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Kind, Probe, declare
 
 from .._probes import vllm_module
 from .._ranges import SPECULATORS_03
@@ -141,20 +139,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v3",
     title="capture through decoder-layer hooks, vLLM's own forward unchanged",
     delta="base model get_input_embeddings -> embed_input_ids; base model path; decoder-layer arguments",
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
-    side=Side.WORKER,
     kind=Kind.DELTA,
     vllm=">=0.11.1",
     family="capture",
     target=WORKER,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="speculators 0.4.0 calls embed_input_ids (still replaces the forward)",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.errors import CaptureContractError
-from speculators_compat.core.replies import Deferred
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import CaptureContractError, Deferred, Kind, Probe, declare, render
 
 from .._probes import params, static_params, vllm_module
 from .._ranges import SPECULATORS_03
@@ -89,19 +85,13 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "MultiprocExecutor", _executor)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v4",
     title="collective_rpc's single reply (vLLM 0.11.1) put back in a list",
     delta="collective_rpc(unique_reply_rank=r): [reply] -> reply",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.collective_rpc",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.11.1",
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="speculators 0.4.0 uses the single reply",
-    remove_when="speculators 0.3.x is no longer supported",
 )

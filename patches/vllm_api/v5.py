@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from .._idle_output import call_then_flush, flush_finished, remember_idle
 from .._probes import params, vllm_module
@@ -96,20 +95,14 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v5",
     title="sample_tokens after execute_model (vLLM 0.11.1); finished requests reach the workers",
     delta="execute_model() -> None + sample_tokens(); finished_req_ids never reach workers",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.11.1",
     after=("v1-chunked-prefill", "v2", "v7", "pipelined-steps"),  # wraps SchedulerConfig, Scheduler and MultiprocExecutor outside them
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="speculators 0.4.0 calls sample_tokens (but still never calls update_from_output)",
-    remove_when="speculators 0.3.x is no longer supported",
 )

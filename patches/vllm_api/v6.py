@@ -26,10 +26,7 @@ Remove when speculators 0.3.x and 0.4.x are no longer supported (0.5 deleted the
 
 from __future__ import annotations
 
-from speculators_compat.check.calls import stock_calls
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.check.sources import StaticView, render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Edit, Kind, Probe, StaticView, declare, render, stock_calls
 
 from .._probes import params, static_params
 from .._ranges import SPECULATORS_ALL
@@ -87,19 +84,14 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "Request", _request)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v6",
     title="the EOS id through SamplingParams: Request lost eos_token_id (vLLM 0.17)",
     delta="Request(eos_token_id=) removed -> SamplingParams carries the EOS id",
     api="vllm.v1.request.Request(eos_token_id=) / vllm.sampling_params.SamplingParams.update_from_generation_config",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.17",
-    target=GENERATOR,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     calls={"Request": Edit(drop=(DROPPED,))},
     upstream="vllm 0.17.0 (Request.eos_token_id deprecated, read from sampling_params); "
     "speculators 0.3.x/0.4.x still pass eos_token_id",

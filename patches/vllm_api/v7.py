@@ -34,9 +34,7 @@ Remove when speculators 0.3.x is no longer supported (0.5 uses vLLM's own engine
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.check.sources import render
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare, render
 
 from .._probes import params, vllm_module
 from .._ranges import SPECULATORS_ALL
@@ -128,21 +126,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(module, "MultiprocExecutor", _executor)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v7",
     title="KV cache layout resolved as the engine core does (vLLM 0.29)",
     delta="get_kv_cache_config_from_groups needs CacheConfig.kv_cache_layout, resolved by the engine core",
     api="vllm.config.CacheConfig.get_resolved_kv_cache_layout / "
     "vllm.v1.attention.backends.utils.resolve_kv_cache_layout",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.29",
     after=("v4",),  # wraps MultiprocExecutor outside v4's proxy
-    target=GENERATOR,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="vllm 0.29.0 (KV cache layouts resolved once in EngineCore); speculators 0.3.x/0.4.x "
     "drive the executor without an engine core",
     remove_when="speculators 0.3.x and 0.4.x are no longer supported",

@@ -22,8 +22,7 @@ own extraction).
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import SPECULATORS_CONFIG
+from speculators_compat.patching import SPECULATORS_CONFIG, Kind, Probe, Side, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -43,14 +42,14 @@ def _judge(src) -> Probe:
     there = [n for n in NAMES if src.defines(PLANNING, n, moves=False)]
     if len(here) + len(there) == len(NAMES) and there:
         return Probe.new(f"{', '.join(there)} moved from {UTILS} to {PLANNING}")
-    from speculators_compat.check.inventory import where_now
+    from speculators_compat.patching import where_now
 
     gone = [n for n in NAMES if n not in here and n not in there]
     return Probe.unknown("; ".join(f"{n}{where_now(src, UTILS, n)}" for n in gone))
 
 
 def probe(module) -> Probe:
-    from speculators_compat.check.sources import Sources
+    from speculators_compat.patching import Sources
 
     return _judge(Sources("vllm"))
 
@@ -69,7 +68,7 @@ def apply(module, patcher) -> None:
             patcher.define(utils, name, getattr(planning, name))
 
 
-PATCH = Patch(
+PATCH = declare(
     id="v8",
     title="the stock KV-cache helper imports resolve where vLLM 0.33 moved them",
     delta="vllm.v1.core.kv_cache_utils.{_get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups, "
@@ -80,9 +79,6 @@ PATCH = Patch(
     vllm=">=0.33",
     target=SPECULATORS_CONFIG,
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     moves=MOVES,
     upstream="vLLM PR #42309 (0.33.0) moved the KV-cache planning helpers; speculators 0.3.x/0.4.x import the old path",
     remove_when="speculators 0.3.x and 0.4.x are no longer supported",

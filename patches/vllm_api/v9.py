@@ -20,10 +20,9 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Edit, Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
-from .._probes import params, static_params
+from .._probes import keyword_patch
 from .._ranges import SPECULATORS_03
 
 FIELD = "enable_extensible_kv_cache"
@@ -36,38 +35,18 @@ def _judge(p) -> Probe:
     return Probe.old(f"CacheConfig has no {FIELD}: the KV cache is allocated whole")
 
 
-def probe(module) -> Probe:
-    return _judge(params(module.CacheConfig))
+probe, static_probe, apply, CALLS = keyword_patch("CacheConfig", FIELD, False, _judge, callers_choice=True)
 
 
-def static_probe(view) -> Probe:
-    return _judge(static_params(view, "CacheConfig"))
-
-
-def _cache_config(wrapped, instance, args, kwargs):
-    kwargs.setdefault(FIELD, False)
-    return wrapped(*args, **kwargs)
-
-
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "CacheConfig", _cache_config)
-
-
-PATCH = Patch(
+PATCH = declare(
     id="v9",
     title="the KV cache allocated whole (vLLM 0.34's extensible KV cache needs the engine's warm-up)",
     delta="CacheConfig.enable_extensible_kv_cache (on with CUDA VMM; pages committed by the engine core) -> off",
     api=f"vllm.config.CacheConfig({FIELD}=)",
-    side=Side.DRIVER,
     kind=Kind.DELTA,
     vllm=">=0.34",
     after=("v1-prefix-caching", "cpu-block-size"),  # all wrap the generator's CacheConfig name (other keywords)
-    target=GENERATOR,
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
-    calls={"CacheConfig": Edit(add=(FIELD,))},
+    calls=CALLS,
     upstream="vLLM 0.34.0 (extensible KV cache on by default on CUDA); speculators 0.3.x builds its own CacheConfig",
-    remove_when="speculators 0.3.x is no longer supported",
 )

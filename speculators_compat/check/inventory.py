@@ -16,7 +16,7 @@ real vLLM releases this library is validated on (``known_apis.json``, written by
   with the module, the expected signature (newest recorded) and the one found.
 
 An unknown shape means the installed vLLM has drifted beyond what the registry knows;
-the ``api-inventory`` check (:mod:`speculators_compat.core.preflight`) turns that into a refusal
+the ``api-inventory`` check (:mod:`speculators_compat.check.checks`) turns that into a refusal
 before the executor starts (``SPECULATORS_COMPAT_DISABLE=api-inventory`` proceeds at the user's risk).
 """
 

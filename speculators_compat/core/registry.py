@@ -279,15 +279,24 @@ class Context:
     unvalidated: bool = False
 
 
+#: where the validation evidence comes from: ``[source]``, ``source(speculators release, table)``
+#: (set by :func:`wire_evidence`: ``speculators_compat/__init__.py`` wires
+#: :func:`speculators_compat.check.validation.evidence`)
+_EVIDENCE: list[Callable[[Any, dict | None], Any]] = []
+
+
+def wire_evidence(source: Callable[[Any, dict | None], Any]) -> None:
+    """Read the validation evidence of a speculators release from ``source(release, table)``."""
+    _EVIDENCE[:] = [source]
+
+
 def context(vllm: versions.Installed | None = None, table: dict | None = None) -> Context:
     """What decisions depend on, for the installed vLLM (or ``vllm``: e.g. an unpacked wheel
     that ``check --vllm-root`` judges); ``table``: a validation table instead of ``supported.json``."""
-    from ..check import validation
-
     vllm = vllm or versions.vllm()
     spec = versions.speculators()
     tf = versions.installed("transformers")
-    ev = validation.evidence(spec.base, table) if spec else None
+    ev = _EVIDENCE[0](spec.base, table) if spec and _EVIDENCE else None
     tf_version = tf.version if tf else None
     record = ev.covering(vllm.base, tf_version) if ev and vllm else None
     validated = tuple(r.vllm for r in ev.releases()) if ev else ()

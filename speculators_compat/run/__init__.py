@@ -1,8 +1,8 @@
 """The runner and long-run tools: ``python -m speculators_compat.run`` (:mod:`.command`) runs a stock
-extraction script under the library with crash-safe resume (:mod:`.resume`, :mod:`.leftovers`),
-shards (:mod:`.shards`, :mod:`.sharded`, :mod:`.parallel`), a manifest (:mod:`.manifest`),
-``verify`` (:mod:`.verify`, :mod:`.ptfile`), atomic writes (:mod:`.atomic`) and the generator's
-lifecycle (:mod:`.lifecycle`)."""
+extraction script under the library with crash-safe resume (:mod:`.resume`), shards
+(:mod:`.shards`, :mod:`.sharded`, :mod:`.parallel`) and ``verify`` (:mod:`.verify`,
+:mod:`.ptfile`). The state it shares with the patches -- atomic writes, the generators' lifecycle,
+the run manifest, shared-memory leftovers -- is in :mod:`speculators_compat.services`."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ Three more things happen around the script:
   ``atomic-save`` patch), and the shared memory a killed run left in /dev/shm is removed.
   After a crash, the same command simply runs again and resumes. When the script ends (or
   fails), the run's manifest -- versions, patches, model, layers, self-check totals -- is added
-  to ``speculators_compat_manifest.json`` in the folder (:mod:`speculators_compat.run.manifest`).
+  to ``speculators_compat_manifest.json`` in the folder (:mod:`speculators_compat.services.manifest`).
   ``SPECULATORS_COMPAT_DISABLE=resume`` (or ``all``) leaves the folder alone.
 * Ctrl-C (SIGINT) and SIGTERM stop the run cleanly: the script unwinds (the stock script
   finishes its pending saves), the vLLM workers of every live generator are shut down (they
@@ -133,7 +133,8 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
     the dataset with ``shard``, see :mod:`speculators_compat.run.sharded`)."""
     import argparse
 
-    from . import manifest, resume, sharded
+    from ..services import manifest
+    from . import resume, sharded
 
     state = {"done": False}
 
@@ -161,7 +162,7 @@ def _stop(signame: str, code: int) -> int:
     import sys
     import traceback
 
-    from . import lifecycle
+    from ..services import lifecycle
 
     interrupted = sys.exc_info()[2]
     if interrupted is not None:
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     _arm_children()
     os.environ[_env.RUNNER] = str(os.getpid())  # the workers of this process leave Ctrl-C to it
 
-    from . import lifecycle
+    from ..services import lifecycle
 
     previous, previous_int = _install_signal_handlers(lifecycle)
     status = "failed"
@@ -373,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         status = f"failed: {type(exc).__name__}: {exc}"[:2000]
         raise
     finally:
-        from . import manifest, resume
+        from ..services import manifest
+        from . import resume
 
         _write_manifest(manifest, status)
         resume.finish()

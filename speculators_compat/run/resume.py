@@ -17,8 +17,8 @@ below the highest index that a resume never fills.
   index on (and any unreadable or stray file) aside, so that the stock ``max + 1`` resume
   starts exactly there, and logs one line saying what was kept and what was set aside where;
 * the shared-memory segments a run killed outright left in /dev/shm are removed
-  (:mod:`speculators_compat.run.leftovers` records them while a run is alive);
-* the folder is registered with :func:`speculators_compat.run.atomic.protect`, so that the
+  (:mod:`speculators_compat.services.leftovers` records them while a run is alive);
+* the folder is registered with :func:`speculators_compat.services.atomic.protect`, so that the
   ``atomic-save`` patch turns every ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes``
   into it into a write to a temporary file in the same folder, fsynced, then renamed over the
   final name: a file under its final name is always complete.
@@ -39,7 +39,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import atomic, leftovers, ptfile, shards
+from ..services import atomic, leftovers
+from . import ptfile, shards
 from . import stock_script
 from .stock_script import CONFIG, SAMPLE_LENGTHS
 

@@ -35,7 +35,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import atomic, leftovers, resume, shards, stock_script
+from ..services import atomic, leftovers
+from . import resume, shards, stock_script
 from .resume import CONFIG, SAMPLE_LENGTHS, OutputFolderError
 
 __all__ = ["arm", "resume_point", "complete"]

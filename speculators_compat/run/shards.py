@@ -34,7 +34,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import atomic
+from ..services import atomic, manifest
 
 __all__ = [
     "Shard",
@@ -54,7 +54,7 @@ __all__ = [
 #: the shard plan, in the output folder
 RECORD = "shards.json"
 #: the shards' own bookkeeping (locks, shared-memory records), in the output folder
-STATE_DIR = ".speculators-compat-shards"
+STATE_DIR = manifest.SHARDS_STATE_DIR
 FORMAT = 1
 
 

@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import atomic, ptfile, resume, shards
+from ..services import atomic
+from . import ptfile, resume, shards
 
 __all__ = ["Finding", "Report", "verify", "main"]
 

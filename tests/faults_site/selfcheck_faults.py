@@ -43,7 +43,7 @@ def install() -> None:
     _installed.append(True)
     import wrapt
 
-    from speculators_compat.patches.features.datapath import checking, compare
+    from speculators_compat.patches.features.datapath._runtime import checking, compare
     wrapt.wrap_function_wrapper(checking.Plan, "__init__", _plan_init)
     wrapt.wrap_function_wrapper(checking, "rows_for_workers", _rows_for_workers)
     wrapt.wrap_function_wrapper(compare.WorkerCheck, "on_last_layer", _on_last_layer)
@@ -137,7 +137,7 @@ _stored: list = []
 
 def _store(wrapped, instance, args, kwargs):
     """The capture's last-layer state of this step as a broken capture point gives it."""
-    from speculators_compat.patches.features.datapath import compare
+    from speculators_compat.patches.features.datapath._runtime import compare
 
     state = instance.__dict__.get(compare.WORKER_STATE)
     fault = _fault_of(state.plan) if state is not None else ""

@@ -223,14 +223,31 @@ def test_its_test_file_is_where_the_docs_say(dummy):
         assert "are `tests/patches/<group>/test_<module>.py`" in fh.read()
 
 
-def test_every_patch_test_file_is_named_after_a_patch_of_its_group_and_the_unit_env_runs_them():
-    """A test file of ``tests/patches/<group>/`` names a patch module of that group: none is misfiled,
-    and their names are unique as the patch ids are (pytest imports them without packages)."""
+def test_every_patch_has_its_test_file_and_every_test_file_a_patch_and_the_unit_env_runs_them():
+    """Each patch module has its own ``tests/patches/<group>/test_<module>.py`` and each test file
+    there names a patch module of that group: none is missing or misfiled, and their names are
+    unique as the patch ids are (pytest imports them without packages)."""
     expected = {patchset.test_file(p) for p in hooks.patches()}
     files = sorted(os.path.relpath(f, ROOT).replace(os.sep, "/")
                    for f in glob.glob(os.path.join(ROOT, "tests", "patches", "*", "test_*.py")))
-    assert files and set(files) <= expected, sorted(set(files) - expected)
+    assert not expected - set(files), f"patches without their own test file: {sorted(expected - set(files))}"
+    assert files and set(files) == expected, f"test files naming no patch: {sorted(set(files) - expected)}"
     assert len({os.path.basename(f) for f in files}) == len(files)
     with open(os.path.join(ROOT, "tox.ini")) as fh:
         unit = fh.read().split("[testenv:unit]", 1)[1].split("\n[", 1)[0]
     assert " tests/patches " in unit
+
+
+def test_every_patch_test_file_says_where_its_patch_is_shown_needed():
+    """The "this patch is needed" evidence lives with each patch's test: ``NEEDED`` (the e2e step that
+    fails with the patch off, and how), ``NEEDED_WHERE``, ``NEEDED_04`` or ``SHOWN_NEEDED`` (where else);
+    tests/test_e2e.py runs them."""
+    missing = []
+    for patch in hooks.patches():
+        found = patchset.evidence(os.path.join(ROOT, patchset.test_file(patch)))
+        declared = {pid for key in found for pid in key.split(",")}
+        if patch.id not in declared:
+            missing.append(patchset.test_file(patch))
+    assert not missing, f"test files that do not say where their patch is shown needed: {missing}"
+    assert patchset.evidence(os.path.join(ROOT, "tests", "patches", "vllm_api", "test_v2.py")) == \
+        {"v2": ("start", "block_size")}

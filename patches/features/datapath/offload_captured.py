@@ -37,8 +37,7 @@ the CPU (where it is not needed). Remove when speculators offloads captured stat
 
 from __future__ import annotations
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from ..._ranges import SPECULATORS_ALL
 
@@ -135,19 +134,15 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, GET, _get)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="offload-captured",
     title="captured states go to pinned host memory every step (async copies)",
     delta="captured states accumulate on the device for a whole call -> host memory per step",
     api="speculators HiddenStatesWorkerExtension._store_captured_states/_get_captured_states",
-    side=Side.WORKER,
     kind=Kind.PERFORMANCE,
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators moves captured states off the device per step",
 )

@@ -41,16 +41,15 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, declare
 
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
-from . import pool as pools
-from .plan import call_lengths
-from .reply import TRANSFER_ATTR, CallExecutor, Transfer, take_written
-from .segments import itemsize as itemsize_of
-from .worker import accept_plan
+from ._runtime import pool as pools
+from ._runtime.plan import call_lengths
+from ._runtime.reply import TRANSFER_ATTR, CallExecutor, Transfer, take_written
+from ._runtime.segments import itemsize as itemsize_of
+from ._runtime.worker import accept_plan
 
 log = logging.getLogger("speculators_compat")
 
@@ -80,16 +79,22 @@ def _rpc_source(module) -> str | None:
         return None
 
 
-_generate_probe, _generate_static = generate_probes(lambda source: source)
+def generate_and_rpc_probes(judge):
+    """``(probe, static_probe)`` that give ``judge`` the source of the stock ``generate`` and that of
+    vLLM's ``MultiprocExecutor.collective_rpc`` (imported, or read from the installed sources)."""
+    generate_probe, generate_static = generate_probes(lambda source: source)
+
+    def probe(module) -> Probe:
+        return judge(generate_probe(module), _rpc_source(module))
+
+    def static_probe(view) -> Probe:
+        return judge(generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
+                                                             "MultiprocExecutor", "collective_rpc"))
+
+    return probe, static_probe
 
 
-def probe(module) -> Probe:
-    return _judge(_generate_probe(module), _rpc_source(module))
-
-
-def static_probe(view) -> Probe:
-    return _judge(_generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
-                                                            "MultiprocExecutor", "collective_rpc"))
+probe, static_probe = generate_and_rpc_probes(_judge)
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -145,21 +150,14 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="results-in-place",
     title="each sequence's states copied once, from the device into the caller's tensor",
     delta="the states cross the host 3-4 times after the device (concatenate, pickle or map, clone, scan) "
     "-> one copy into the result tensors",
     api="VllmHiddenStatesGenerator.generate (its per-sequence slicing of the worker's reply)",
-    side=Side.DRIVER,
     kind=Kind.PERFORMANCE,
     after=("v5",),  # lays the call out before the repaired generate() runs
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -17,12 +17,11 @@ driver hands the results out), and after the call each checked sequence's tensor
 be the block that was compared; else it is sent after the call. Each worker puts the rows
 through the model's own final norm and ``compute_logits`` (vocabulary-parallel, gathered over
 vLLM's TP group) and compares the next-token log-probs with those of vLLM's own states, position
-by position
-(:mod:`.compare`: the measure, and what comes back -- a few numbers per
+by position (:mod:`.compare`: the measure, and what comes back -- a few numbers per
 sequence). Where the caller's layers lack the last one, the workers capture it for the checked
 sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
 position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
-:data:`~speculators_compat.checking.DEFAULT_TOLERANCE`) raises
+:data:`.checking.DEFAULT_TOLERANCE`) raises
 :class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
 difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
 and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
@@ -42,16 +41,12 @@ import itertools
 import logging
 import time
 
-from speculators_compat.run import lifecycle
-from speculators_compat.errors import SelfCheckError
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import GENERATOR
+from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, lifecycle
 
-from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
-from . import checking, compare, reply
-from .plan import call_lengths
-from .results_in_place import CALLABLE, _rpc_source
+from ._runtime import checking, compare, reply
+from ._runtime.plan import call_lengths
+from .results_in_place import CALLABLE, generate_and_rpc_probes
 
 log = logging.getLogger("speculators_compat")
 
@@ -69,16 +64,7 @@ def _judge(source: str, rpc_source: str | None) -> Probe:
     return Probe.new("generate() names its requests req_<counter>_<i> and cuts one row per token in input order")
 
 
-_generate_probe, _generate_static = generate_probes(lambda source: source)
-
-
-def probe(module) -> Probe:
-    return _judge(_generate_probe(module), _rpc_source(module))
-
-
-def static_probe(view) -> Probe:
-    return _judge(_generate_static(view), view.vllm.source(vllm_module(view, "MultiprocExecutor"),
-                                                            "MultiprocExecutor", "collective_rpc"))
+probe, static_probe = generate_and_rpc_probes(_judge)
 
 
 class Comparison:
@@ -132,7 +118,7 @@ def _generate(wrapped, instance, args, kwargs):
     per_call = checking.sequences_per_call()
     full = checking.full_calls()
     if full and per_call == 0:
-        from speculators_compat.errors import InvalidInputError
+        from speculators_compat.patching import InvalidInputError
 
         raise InvalidInputError(f"SPECULATORS_COMPAT_UNVALIDATED=self-check needs the self-check, which "
                                 f"{checking.SELF_CHECK_ENV}=0 turns off")
@@ -152,7 +138,7 @@ def _generate(wrapped, instance, args, kwargs):
     if not replies or any(r is None for r in replies):
         executor.collective_rpc(compare.arm, args=(None,))
         if full:
-            from speculators_compat.errors import IncompatibleVllmError
+            from speculators_compat.patching import IncompatibleVllmError
 
             raise IncompatibleVllmError("SPECULATORS_COMPAT_UNVALIDATED=self-check: the workers do not run "
                                         "self-check-reference (disabled there, or vLLM's runner changed): this "
@@ -193,22 +179,16 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="self-check",
     title="the last layer's rows proven against the model's own next-token log-probs",
     delta="wrong rows (another sequence or position, shifted, captured at another point) returned silently "
     "-> SelfCheckError naming the sequence, the position and the difference",
     api="VllmHiddenStatesGenerator.generate (its request ids and per-sequence slicing)",
-    side=Side.DRIVER,
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
     after=("results-in-place", "guard-output"),  # checks what the guarded generate() returns
-    target=GENERATOR,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -39,16 +39,14 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.core import hooks
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, applied_ids, declare
 
 from ..._ranges import SPECULATORS_03
 from ...vllm_api._runners import asked_for
 from ...vllm_api.mrv2_rows import MRV2, step_rows
 from ...vllm_api.mrv2_rows import PATCH as MRV2_ROWS
 from ...vllm_api.v3 import find_base_model
-from . import compare
+from ._runtime import compare
 
 log = logging.getLogger("speculators_compat")
 
@@ -107,7 +105,7 @@ def _setup(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     runner = instance.model_runner
     base, _ = find_base_model(runner.model)
-    if not hasattr(runner, "input_batch") and MRV2_ROWS.id not in hooks.applied_ids():
+    if not hasattr(runner, "input_batch") and MRV2_ROWS.id not in applied_ids():
         # Model Runner V2 keeps no persistent batch: its rows are found through mrv2-rows' layout
         why = f"{type(runner).__module__}.{type(runner).__name__} has no input_batch and mrv2-rows is off"
     else:
@@ -121,23 +119,18 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
 
 
-PATCH = Patch(
+PATCH = declare(
     id="self-check-reference",
     title="vLLM's own final states of the checked requests, and the log-prob comparison (workers)",
     delta="no state independent of the capture to check its rows against -> vLLM's own, where its "
     "prompt log-probs come from",
     api="vLLM GPUModelRunner (input_batch.req_id_to_index, query_start_loc.np, model.compute_logits; "
     "Model Runner V2: InputBatch.req_ids, query_start_loc_np)",
-    side=Side.WORKER,
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
     after=("v3", "mrv2-rows"),  # hooks after v3's capture hooks; uses mrv2-rows' step layout
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
     upstream="not in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -18,7 +18,7 @@ Without a layout: ``HiddenStatesWorkerExtension._get_captured_states`` is wrappe
 stock method would concatenate each layer's parts and return the list, the wrapper (after
 waiting for offload-captured's copies, if any) concatenates them straight into one new file
 under ``/dev/shm`` and returns a :class:`.segments.SharedStates` handle.
-The handle pickles as a call of ``speculators_compat.patches.features.datapath.segments.open_states``: the driver's
+The handle pickles as a call of ``speculators_compat.patches.features.datapath._runtime.segments.open_states``: the driver's
 unpickler maps the file (private mapping, no copy), unlinks it, and hands the stock code the
 same list of ``[tokens, hidden]`` tensors, bit for bit. The file's space is reserved first
 (``posix_fallocate``): if ``/dev/shm`` lacks room (a small container default), the wrapper
@@ -37,20 +37,17 @@ from __future__ import annotations
 
 import os
 
-from speculators_compat.core.registry import Kind, Patch, Probe, Side
-from speculators_compat.core.targets import WORKER
+from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from ..._probes import source_of
 from ..._ranges import SPECULATORS_03
-from . import segments, worker
+from ._runtime import segments, worker
 from .offload_captured import wait_copies
 
 METHOD = "_get_captured_states"
 STORE = "_store_captured_states"
 #: what the stock method's body must contain for the wrapper to stand in for it
 STOCK = ("torch.cat(layer_tensors, dim=0) for layer_tensors in self._captured_states", "self._captured_states = None")
-#: per process: stale files of killed runs were looked for
-_SWEPT: list = []
 
 
 def _judge(source: str | None, has_store: bool = True) -> Probe:
@@ -90,9 +87,7 @@ def _get(wrapped, instance, args, kwargs):
     if state is not None and state.plan is not None and not (args or kwargs):
         instance._captured_states = None
         return state.finish()
-    if not _SWEPT:
-        _SWEPT.append(True)
-        segments.remove_stale()
+    segments.remove_stale_once()
     layers = getattr(instance, "_captured_states", None)
     if args or kwargs or not layers or not all(isinstance(parts, list) and parts for parts in layers):
         return wrapped(*args, **kwargs)
@@ -110,20 +105,14 @@ def apply(module, patcher) -> None:
     patcher.set_item(vars(worker), "ACCEPTING", True)  # the workers take the driver's plans
 
 
-PATCH = Patch(
+PATCH = declare(
     id="shm-transport",
     title="captured states through one shared-memory file (no pickling)",
     delta="collective_rpc pickles the call's captured states (GBs, < 1 GB/s) -> one /dev/shm file, mapped",
     api="speculators HiddenStatesWorkerExtension._get_captured_states",
-    side=Side.WORKER,
     kind=Kind.PERFORMANCE,
     after=("offload-captured",),  # wraps _get_captured_states outside it, waits for its copies
     target=WORKER,
     vllm=">=0.11.1",
     speculators=SPECULATORS_03,
-    probe=probe,
-    static_probe=static_probe,
-    apply=apply,
-    upstream="not fixed in speculators 0.3.x",
-    remove_when="speculators 0.3.x is no longer supported",
 )

@@ -4,6 +4,12 @@ call sites) from their sources."""
 from __future__ import annotations
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "cpu-ipex-moe-routing": "tests/test_e2e.py test_deepseek_v3_on_cpu_needs_the_ipex_moe_routing_patch (vLLM 0.11.1/0.11.2)",
+}
+
+
 def test_cpu_ipex_moe_routing_judges_the_moe_path():
     from speculators_compat.patches.cpu_platform.cpu_ipex_moe_routing import CALL, SELECT, _judge
 

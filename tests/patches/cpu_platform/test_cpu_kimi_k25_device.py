@@ -10,6 +10,10 @@ from speculators_compat.core.registry import Patcher, Shape
 from speculators_compat.patches.cpu_platform import cpu_kimi_k25_device
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"cpu-kimi-k25-device": "tests/test_e2e.py test_kimi_k25_on_cpu_needs_the_device_patch (vLLM 0.15.x)"}
+
+
 KIMI_015 = '''def __init__(self, vllm_config, prefix=""):
         self.device = torch.cuda.current_device()
 '''

@@ -5,6 +5,12 @@ from __future__ import annotations
 import pytest
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "cpu-moe-silu-instance": "tests/test_e2e.py test_deepseek_v3_on_cpu_needs_the_moe_silu_patch (vLLM 0.20.0-0.24.0)",
+}
+
+
 @pytest.mark.parametrize("entry, shape", [
     ("lambda x: SiluAndMul(compile_native=False).forward_native(x)", "new"),  # vLLM 0.20.0-0.24.0
     ("SiluAndMul.forward_native", "old"),  # 0.15-0.19, 0.25+

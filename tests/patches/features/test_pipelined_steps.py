@@ -6,6 +6,10 @@ from concurrent.futures import Future
 
 import pytest
 
+
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"pipelined-steps": "a feature (same data, less time): this file, benchmarks/gpu_extract.py"}
+
 pytest.importorskip("wrapt")
 
 from speculators_compat.patches.features import pipelined_steps  # noqa: E402

@@ -17,6 +17,10 @@ from speculators_compat.core.targets import GENERATOR
 from speculators_compat.patches.features import tokenizer_trust
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"tokenizer-trust": "tests/test_e2e.py test_kimi_k25_tokenizer_is_remote_code"}
+
+
 STOCK_INIT = '''def __init__(
         self,
         model_path: str,

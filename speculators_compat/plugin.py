@@ -8,7 +8,7 @@ inherited anyway; with ``spawn`` -- the default once CUDA is initialised -- this
 point is the only way in.) ``SPECULATORS_COMPAT_DISABLE=all`` keeps it inert;
 ``VLLM_PLUGINS`` (vLLM's own allow-list) must include ``speculators_compat`` if it is set.
 In a worker of a ``speculators-compat run`` driver it also leaves Ctrl-C to the runner
-(:func:`speculators_compat.run.lifecycle.leave_ctrl_c_to_the_runner`; vLLM's worker installs its own
+(:func:`speculators_compat.services.lifecycle.leave_ctrl_c_to_the_runner`; vLLM's worker installs its own
 SIGINT handler before it loads the plugins).
 
 ``cpu_platform`` is a ``vllm.platform_plugins`` entry point that selects vLLM's CPU
@@ -21,15 +21,15 @@ None and vLLM detects the platform as usual.
 
 from __future__ import annotations
 
-from . import versions
+from .core import versions
 
 __all__ = ["register", "cpu_platform"]
 
 
 def register() -> None:
     """Install the post-import hooks in this (vLLM) process."""
-    from . import _env, hooks
-    from ..run import lifecycle
+    from .core import _env, hooks
+    from .services import lifecycle
 
     if _env.all_disabled():
         return

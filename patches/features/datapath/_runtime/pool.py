@@ -21,8 +21,7 @@ import threading
 import time
 import weakref
 
-from speculators_compat.core import _env
-from speculators_compat.errors import InvalidInputError
+from speculators_compat.patching import InvalidInputError, Option
 
 from . import segments
 from .plan import Plan, layout
@@ -38,14 +37,20 @@ MAX_IDLE = 2
 STALL_S = 20.0
 #: attribute of the generator holding its :class:`Pool`
 POOL_ATTR = "_speculators_compat_pool"
+HELD_RESULTS = Option("SPECULATORS_COMPAT_HELD_RESULTS",
+                      "how many calls' worth of results the caller may hold (not yet freed, e.g. not yet saved) "
+                      "before ``generate()`` waits (default 4; ``0``: never wait)")
+#: calls' worth of results held before ``generate()`` waits, by default
+HELD_RESULTS_DEFAULT = 4.0
 
 
 def held_results_limit(call_bytes: int) -> int | None:
     """The byte limit on held results for a call of ``call_bytes`` (``None``: no limit)."""
+    raw = HELD_RESULTS.raw()
     try:
-        calls = _env.held_results()
-    except ValueError as exc:
-        raise InvalidInputError(str(exc)) from None
+        calls = float(raw) if raw else HELD_RESULTS_DEFAULT
+    except ValueError:
+        raise InvalidInputError(f"{HELD_RESULTS}={raw!r}: expected a number of calls (0 = no limit)") from None
     return int(calls * align(call_bytes, SEGMENT_QUANTUM)) if calls > 0 else None
 
 
@@ -53,8 +58,6 @@ def pool_of(generator) -> "Pool | None":
     return generator.__dict__.get(POOL_ATTR)
 
 
-#: per process: stale files of killed runs were looked for
-_SWEPT: list = []
 #: plan ids, unique in the driver process
 _plan_ids = itertools.count(1)
 
@@ -167,9 +170,7 @@ class Pool:
 
     def _create(self, nbytes: int) -> Segment | None:
         size = align(nbytes, SEGMENT_QUANTUM)
-        if not _SWEPT:  # files a killed run created and had not unlinked yet
-            _SWEPT.append(True)
-            segments.remove_stale()
+        segments.remove_stale_once()  # files a killed run created and had not unlinked yet
         if not segments.room(size) and any(not s.held for s in self._segments.values()):
             self._retire_idle(keep=0)  # idle segments give their room back
         seg = new_segment(next(self._ids), size, self._files)

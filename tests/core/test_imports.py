@@ -12,7 +12,7 @@ import ast
 import importlib.util
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATCHES = "speculators_compat.patches"
 
 
@@ -66,9 +66,93 @@ def _graph() -> dict[str, set[str]]:
 def test_the_walk_sees_the_library():
     graph = _graph()
     assert {"speculators_compat.core.hooks", "speculators_compat.core.registry", f"{PATCHES}.vllm_api.v5",
-            f"{PATCHES}.features.datapath.shm_transport", f"{PATCHES}.features.datapath.pool"} <= set(graph)
-    assert "speculators_compat.run.lifecycle" in graph[f"{PATCHES}.guards.worker_death"]
+            f"{PATCHES}.features.datapath.shm_transport", f"{PATCHES}.features.datapath._runtime.pool"} <= set(graph)
+    assert "speculators_compat.patching" in graph[f"{PATCHES}.guards.worker_death"]
     assert f"{PATCHES}.features.datapath.offload_captured" in graph[f"{PATCHES}.features.datapath.shm_transport"]
+
+
+#: the engine's layers, bottom first: a package may import its own modules and the layers below,
+#: never one above nor another package of its own layer (``errors`` is below them all; ``check``
+#: and ``services`` share a layer; the top-level modules -- the package, ``cli``, ``plugin``,
+#: ``patching``, ``demo`` -- wire the layers together and may import any)
+LAYERS = (("speculators_compat.errors",), ("speculators_compat.core",),
+          ("speculators_compat.check", "speculators_compat.services"), ("speculators_compat.run",))
+
+
+def _layer(name: str) -> tuple[int, str] | None:
+    for rank, layer in enumerate(LAYERS):
+        for package in layer:
+            if name == package or name.startswith(package + "."):
+                return rank, package
+    return None
+
+
+def _back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """The edges of ``graph`` from a layer to one above it or to another package of its layer."""
+    out = []
+    for name, edges in graph.items():
+        low = _layer(name)
+        for e in sorted(edges):
+            high = _layer(e)
+            if low is not None and high is not None and (high[0] > low[0] or high[0] == low[0] and high != low):
+                out.append(f"{name} -> {e}")
+    return out
+
+
+def test_the_engine_layers_import_downwards_only():
+    """core <- check, services <- run: ``core`` imports nothing of ``check``, ``services`` or
+    ``run``, ``check`` and ``services`` nothing of each other or of ``run`` (what ``core`` needs
+    from above -- the checks, the validation evidence -- is wired in by
+    ``speculators_compat/__init__.py``)."""
+    graph = _graph()
+    assert graph["speculators_compat.check.command"] & {"speculators_compat.core.hooks"}  # the walk sees the layers
+    assert not _back_arrows(graph), _back_arrows(graph)
+
+
+def test_the_layer_rule_catches_a_back_arrow():
+    graph = {"speculators_compat.core.registry": {"speculators_compat.check.validation"},
+             "speculators_compat.check.checks": {"speculators_compat.core.registry"},
+             "speculators_compat.check.command": {"speculators_compat.run.command"},
+             "speculators_compat.services.manifest": {"speculators_compat.check.sources",
+                                                      "speculators_compat.core.hooks"},
+             "speculators_compat.run.command": {"speculators_compat.services.lifecycle"},
+             "speculators_compat.cli": {"speculators_compat.run.command"}}
+    assert _back_arrows(graph) == ["speculators_compat.core.registry -> speculators_compat.check.validation",
+                                   "speculators_compat.check.command -> speculators_compat.run.command",
+                                   "speculators_compat.services.manifest -> speculators_compat.check.sources"]
+
+
+#: the one engine module a patch module imports (its door: ``docs/patches.md``, "Writing a patch")
+DOOR = "speculators_compat.patching"
+
+
+def _through_other_doors(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{name} -> {e}" for name, edges in graph.items() if name.startswith(PATCHES)
+            for e in sorted(edges) if not e.startswith(PATCHES) and e != DOOR]
+
+
+def test_patches_reach_the_engine_only_through_the_door():
+    graph = _graph()
+    assert sum(DOOR in edges for name, edges in graph.items() if name.startswith(PATCHES)) > 40
+    assert not _through_other_doors(graph), _through_other_doors(graph)
+    assert _through_other_doors({f"{PATCHES}.x.y": {"speculators_compat.core._env", DOOR, f"{PATCHES}._probes"}}) \
+        == [f"{PATCHES}.x.y -> speculators_compat.core._env"]
+
+
+def test_the_engine_parses_no_option_of_a_patch():
+    """The patches' environment variables are declared in their modules, not in ``core/_env.py``."""
+    import importlib
+
+    import speculators_compat.patching as door
+    from speculators_compat.core import _env, hooks
+
+    hooks.patches()  # imports every patch module
+    declared = set(door.options())
+    assert {"SPECULATORS_COMPAT_SELF_CHECK", "SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE", "SPECULATORS_COMPAT_SHM_DIR",
+            "SPECULATORS_COMPAT_HELD_RESULTS", "SPECULATORS_COMPAT_ASYNC_STEPS", "SPECULATORS_COMPAT_DTYPE"} <= declared
+    engine = {v for v in vars(importlib.import_module(_env.__name__)).values()
+              if isinstance(v, str) and v.startswith("SPECULATORS_COMPAT_")}
+    assert not engine & declared, engine & declared
 
 
 def test_no_engine_module_imports_the_patch_set():
@@ -117,7 +201,7 @@ def _patch_ids() -> set[str]:
         with open(path, encoding="utf-8") as fh:
             tree = ast.parse(fh.read(), path)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Patch":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("Patch", "declare"):
                 ids |= {k.value.value for k in node.keywords if k.arg == "id" and isinstance(k.value, ast.Constant)}
     return ids
 

@@ -2,7 +2,7 @@
 
 ``speculators-compat run`` writes ``speculators_compat_manifest.json`` into the output folder of
 speculators' data-generation script (the folder it makes crash-safe) when the script ends,
-fails or is interrupted, atomically (:mod:`speculators_compat.run.atomic`). It holds one entry per
+fails or is interrupted, atomically (:mod:`speculators_compat.services.atomic`). It holds one entry per
 run that wrote into the folder (a resumed dataset lists each), newest last::
 
     {"schema": 1, "runs": [{
@@ -41,6 +41,8 @@ __all__ = ["FILE", "SCHEMA", "arm", "armed", "note_generator", "entry", "write"]
 FILE = "speculators_compat_manifest.json"
 #: the lock file the shards of one dataset take in turn to add their entries (in their state folder)
 LOCK = "manifest.lock"
+#: the state folder of a sharded dataset (:data:`speculators_compat.run.shards.STATE_DIR`)
+SHARDS_STATE_DIR = ".speculators-compat-shards"
 SCHEMA = 1
 #: attribute of a generator whose facts were taken
 NOTED = "_speculators_compat_manifest"
@@ -157,9 +159,7 @@ def entry(status: str) -> dict:
 
 @contextlib.contextmanager
 def _shards_lock(folder: str):
-    from .shards import STATE_DIR
-
-    state = Path(folder) / STATE_DIR
+    state = Path(folder) / SHARDS_STATE_DIR
     if _state.get("shard") is None or not state.is_dir():
         yield
         return

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 import matrix
-from speculators_compat.run import manifest, parallel, resume, shards, verify
+from speculators_compat.run import parallel, resume, shards, verify
+from speculators_compat.services import manifest
 
 # no vLLM needed: the unit tests and the full suites run them, not every release of the matrix
 pytestmark = matrix.suite_is("full")
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent  # tests/
 SCRIPT = str(HERE / "fake_datagen.py")
 N = 23
 

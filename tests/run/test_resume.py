@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from speculators_compat.run import atomic, resume, stock_script
+from speculators_compat.run import resume, stock_script
+from speculators_compat.services import atomic
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent  # tests/
 
 
 def sample(path: Path, n: int = 3) -> None:
@@ -265,7 +266,7 @@ def test_sample_lengths_of_the_04_script_are_completed_for_the_kept_samples(tmp_
 def test_shared_memory_a_killed_run_left_is_removed_by_the_next_run(tmp_path):
     from multiprocessing import resource_tracker, shared_memory
 
-    from speculators_compat.run import leftovers
+    from speculators_compat.services import leftovers
 
     out = tmp_path / "out"
     out.mkdir()
@@ -287,7 +288,7 @@ def test_shared_memory_a_killed_run_left_is_removed_by_the_next_run(tmp_path):
 
 
 def test_a_run_that_ends_normally_leaves_no_record(tmp_path):
-    from speculators_compat.run import leftovers
+    from speculators_compat.services import leftovers
 
     recorder = leftovers.Recorder(tmp_path, interval=0.05).start()
     (tmp_path / leftovers.RECORD).write_text('["psm_0"]')  # as if something had been recorded

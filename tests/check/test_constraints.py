@@ -19,7 +19,7 @@ from speculators_compat.check import constraints
 
 from speculators_compat.core import versions
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 with open(os.path.join(HERE, "data", "validated-2026-12-04.json"), encoding="utf-8") as fh:
     RUNS = json.load(fh)["runs"]
 

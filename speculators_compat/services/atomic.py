@@ -3,7 +3,7 @@
 :func:`atomic_path` writes to a temporary file in the destination's folder
 (``.<final name>.<random>.tmp``), fsyncs it, gives it the permissions a plain ``open()`` would
 have given it and renames it over the final name. The output folder of ``speculators-compat run``
-(:mod:`speculators_compat.run.resume`), its shared-memory record (:mod:`speculators_compat.run.leftovers`)
+(:mod:`speculators_compat.run.resume`), its shared-memory record (:mod:`speculators_compat.services.leftovers`)
 and the test matrix's validation records all write through it.
 
 :func:`protect` registers a folder whose writes must be atomic even when the writer is not ours:

@@ -40,7 +40,7 @@ def _open_rows(rows, extension=None) -> list:
 
         out = [worker_rows(extension, *ref) if extension is not None else None for ref in rows.refs]
         if any(t is None for t in out):
-            from speculators_compat.errors import SelfCheckError
+            from speculators_compat.patching import SelfCheckError
 
             raise SelfCheckError("self-check: the caller's rows lie in a shared-memory segment this worker has "
                                  "not mapped")

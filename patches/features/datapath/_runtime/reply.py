@@ -22,8 +22,7 @@ import itertools
 
 import wrapt
 
-from speculators_compat.errors import CaptureContractError
-from speculators_compat.core.replies import Deferred
+from speculators_compat.patching import CaptureContractError, Deferred
 
 #: attribute of the generator holding the :class:`Transfer` of its current (or last) call
 TRANSFER_ATTR = "_speculators_compat_transfer"

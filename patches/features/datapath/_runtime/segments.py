@@ -21,7 +21,7 @@ import math
 import mmap
 import os
 
-from speculators_compat.core import _env
+from speculators_compat.patching import Option
 
 __all__ = ["SharedStates", "open_states", "write_states", "folder", "PREFIX", "remove_stale", "typed_view"]
 
@@ -31,11 +31,13 @@ PREFIX = "speculators_compat-states"
 #: free space to leave in the shared-memory folder (vLLM's own queues live there too)
 MARGIN = 256 << 20
 _counter = itertools.count()
+SHM_DIR = Option("SPECULATORS_COMPAT_SHM_DIR",
+                 "the shared-memory folder the captured states travel through (default ``/dev/shm``)")
 
 
 def folder() -> str:
     """The shared-memory folder (``SPECULATORS_COMPAT_SHM_DIR``, default ``/dev/shm``)."""
-    return _env.shm_dir()
+    return SHM_DIR.raw() or "/dev/shm"
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,6 +181,17 @@ def remove_stale() -> list[str]:
     if removed:
         log.info("shm-transport: removed %d state file(s) a killed run left in %s", len(removed), folder())
     return removed
+
+
+#: per process: stale files of killed runs were looked for
+_SWEPT: list = []
+
+
+def remove_stale_once() -> None:
+    """:func:`remove_stale`, the first time this process asks (the driver's pool, a worker's reply)."""
+    if not _SWEPT:
+        _SWEPT.append(True)
+        remove_stale()
 
 
 def align(n: int, to: int = 64) -> int:

@@ -101,7 +101,7 @@ def test_a_misspelt_disabled_id_is_a_configuration_error_naming_the_valid_ids(fa
 
 SLEEPER = """
 import logging, time
-from speculators_compat.run import lifecycle
+from speculators_compat.services import lifecycle
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 

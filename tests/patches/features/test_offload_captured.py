@@ -15,6 +15,10 @@ from speculators_compat.patches.features.datapath import offload_captured
 from speculators_compat.core.registry import Patcher, Shape
 
 
+#: where this patch is shown needed (tests/test_e2e.py reads it)
+SHOWN_NEEDED = {"offload-captured": "not needed on the CPU; its copy is unit-tested here"}
+
+
 class DeviceTensor:
     def __init__(self, name, device, log=None):
         self.name, self.device, self.log = name, SimpleNamespace(type=device), log
