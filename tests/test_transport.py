@@ -378,6 +378,14 @@ def test_results_dropped_in_a_reference_cycle_are_collected_without_holding_the_
     import gc
     import threading
 
+    pools.COLLECT_AFTER_S, after = 0.1, pools.COLLECT_AFTER_S
+    try:
+        _cycle_case(gc, threading)
+    finally:
+        pools.COLLECT_AFTER_S = after
+
+
+def _cycle_case(gc, threading):
     pool = pools.Pool()
     held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
     nbytes = pools.layout([8], 3, 24, 2)[1]

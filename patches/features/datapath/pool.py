@@ -39,7 +39,7 @@ STALL_S = 20.0
 #: ``generate()`` waiting for held results collects garbage (results dropped in a reference cycle)
 #: only when none was freed for this long: a full collection in a process with vLLM loaded holds the
 #: GIL for a good part of a second, during which the caller's saving threads wait
-COLLECT_AFTER_S = 0.25
+COLLECT_AFTER_S = 1.0
 #: attribute of the generator holding its :class:`Pool`
 POOL_ATTR = "_speculators_compat_pool"
 
