@@ -25,9 +25,10 @@ written by :func:`_direct_save`: torch's own ``_save`` writes the archive (the p
 records' headers, the central directory) with every storage's record left as a hole of its size
 (``write_record_metadata``, what ``torch.serialization.skip_data`` does), then each storage's bytes
 go into their hole with ``os.pwrite``, which releases the GIL. The archive is the one
-``torch.save`` writes, except that the records' CRC-32 fields are 0, as with
-``torch.serialization.set_crc32_options(False)``: ``torch.load`` reads it (it does not check them);
-a zip tool's ``testzip`` reports them. ``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (read at each save)
+``torch.save`` writes, except that the tensors' records carry no CRC-32 (0, as with
+``torch.serialization.set_crc32_options(False)``): ``torch.load`` reads it (it does not check them),
+the small records (``data.pkl``, ...) keep theirs, so the runner's resume and ``verify`` read it too;
+a zip tool's ``testzip`` reports the tensors' records. ``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (read at each save)
 writes with ``torch.save`` itself instead, and so does a save with other arguments, or a torch whose
 ``_save`` / ``PyTorchFileWriter.write_record_metadata`` have another shape (found when the patch
 applies).
@@ -157,13 +158,14 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 def _direct_save(obj, path: str) -> None:
     """``torch.save(obj, path)``, the storages' bytes written with ``os.pwrite`` (the GIL released)
-    and no CRC-32 (the module's docstring)."""
+    and no CRC-32 for their records (the module's docstring)."""
     import pickle
 
     import torch
 
     ser = torch.serialization
-    writer = torch._C.PyTorchFileWriter(path, False, ser._get_storage_alignment())
+    # CRC-32 on: the small records (data.pkl, ...) get theirs; the storages, written later, get 0
+    writer = torch._C.PyTorchFileWriter(path, True, ser._get_storage_alignment())
     holes = _Holes(writer, torch.UntypedStorage)
     ser._save(obj, holes, pickle, ser.DEFAULT_PROTOCOL, False)
     writer.write_end_of_file()

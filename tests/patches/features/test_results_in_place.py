@@ -286,12 +286,20 @@ def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
 
 
 def test_results_dropped_in_a_reference_cycle_are_collected_without_holding_the_pool(shm):
-    """A caller that dropped its results in a reference cycle is not waited for: the pool runs the
-    collector once, with its lock released (the collector's finalizers free blocks; another thread
-    that needs the pool meanwhile gets it)."""
+    """A caller that dropped its results in a reference cycle is not waited for long: once none was
+    freed for ``COLLECT_AFTER_S``, the pool runs the collector once, with its lock released (the
+    collector's finalizers free blocks; another thread that needs the pool meanwhile gets it)."""
     import gc
     import threading
 
+    pools.COLLECT_AFTER_S, after = 0.1, pools.COLLECT_AFTER_S
+    try:
+        _cycle_case(gc, threading)
+    finally:
+        pools.COLLECT_AFTER_S = after
+
+
+def _cycle_case(gc, threading):
     pool = pools.Pool()
     held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
     nbytes = pools.layout([8], 3, 24, 2)[1]
@@ -323,6 +331,36 @@ def test_results_dropped_in_a_reference_cycle_are_collected_without_holding_the_
     assert pool.waited_s < 0.5 and pool.held_bytes() == 2 * pools.SEGMENT_QUANTUM  # one held, this call's
     pool.release(seg)
     del held
+
+
+def test_a_caller_that_is_freeing_results_is_waited_for_without_a_collection(shm, monkeypatch):
+    """While the caller frees held results (its threads save them), ``generate()`` waits for them
+    without running the collector: a full collection in a process with vLLM loaded holds the GIL
+    for a good part of a second, and the saving threads with it (the 1.2B stock run on an H100
+    waited 25 s of 30 for held results that way). Fails on the code that collected at every wait."""
+    import gc
+    import threading
+    import time
+
+    pool = pools.Pool()
+    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
+    nbytes = pools.layout([8], 3, 24, 2)[1]
+    limit = 2 * pools.SEGMENT_QUANTUM
+    held.pop()
+    gc.collect()  # one freed: from now on the pool waits for held results
+    collections = []
+    monkeypatch.setattr(pools.gc, "collect", lambda *a: collections.append(a) or 0)
+
+    def save_one():
+        time.sleep(pools.COLLECT_AFTER_S / 3)
+        held.pop(0)  # the saving thread drops the sample: its block is freed at once
+
+    saver = threading.Thread(target=save_one)
+    saver.start()
+    seg = pool.acquire(nbytes, limit)
+    saver.join()
+    assert collections == [] and 0.02 < pool.waited_s < pools.COLLECT_AFTER_S
+    pool.release(seg)
 
 
 def test_results_of_a_large_call_still_held_do_not_make_smaller_calls_wait(shm):

@@ -77,6 +77,15 @@ def test_the_direct_writer_writes_what_torch_load_reads_back(tmp_path):
             return [(i.filename.split("/", 1)[1], i.file_size) for i in z.infolist()]
 
     assert records(tmp_path / "a.pt") == records(tmp_path / "a_ref.pt")
+    # the runner's own reader (resume, verify) reads data.pkl through zipfile, which checks its CRC-32
+    from speculators_compat.run import ptfile, resume
+
+    assert resume.check_sample(tmp_path / "a.pt") is None
+    layout = ptfile.read(tmp_path / "a.pt")
+    assert [t.shape for t in layout["hidden_states"]] == [tuple(t.shape) for t in sample["hidden_states"]]
+    with zipfile.ZipFile(tmp_path / "a.pt") as z:
+        bad = z.testzip()
+    assert bad is None or "/data/" in bad  # only the tensors' records carry no CRC-32
 
 
 def test_a_protected_torch_save_goes_through_the_direct_writer_and_the_switch_turns_it_off(tmp_path, monkeypatch):

@@ -35,6 +35,10 @@ SEGMENT_QUANTUM = 16 << 20
 MAX_IDLE = 2
 #: ``generate()`` does not wait for held results when none was freed for this long
 STALL_S = 20.0
+#: ``generate()`` waiting for held results collects garbage (results dropped in a reference cycle)
+#: only when none was freed for this long: a full collection in a process with vLLM loaded holds the
+#: GIL for a good part of a second, during which the caller's saving threads wait
+COLLECT_AFTER_S = 1.0
 #: attribute of the generator holding its :class:`Pool`
 POOL_ATTR = "_speculators_compat_pool"
 HELD_RESULTS = Option("SPECULATORS_COMPAT_HELD_RESULTS",
@@ -150,7 +154,9 @@ class Pool:
         while self._held() and self._held() + align(nbytes, SEGMENT_QUANTUM) > limit:
             if self._last_free is None:
                 break  # nothing was ever freed: the caller keeps its results
-            if not collected:  # results the caller dropped in a reference cycle wait for the collector
+            if not collected and time.monotonic() - max(start, self._last_free) >= COLLECT_AFTER_S:
+                # results the caller dropped in a reference cycle wait for the collector: only when
+                # none was freed for a while (a full collection holds the GIL, the savers wait)
                 collected = True
                 self._cond.release()  # its finalizers free blocks, which takes this lock (other threads too)
                 try:
@@ -165,7 +171,7 @@ class Pool:
                     log.info("shm-transport: %.1f GiB of results held and none freed for %.0f s: "
                              "going on without waiting", self._held() / 2**30, STALL_S)
                 break
-            self._cond.wait(timeout=min(1.0, STALL_S - idle))
+            self._cond.wait(timeout=min(COLLECT_AFTER_S if not collected else 1.0, STALL_S - idle))
         self.waited_s += time.monotonic() - start
 
     def _create(self, nbytes: int) -> Segment | None:
