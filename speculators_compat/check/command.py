@@ -89,7 +89,7 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
     from ..core import hooks, preflight
     from . import inventory
     from ..core.registry import context
-    from ..core.verdict import unknown_disabled, verdict
+    from ..core.verdict import unknown_disabled, unknown_disabled_message, verdict
     from .sources import Sources, StaticView
 
     if vllm_root:
@@ -114,6 +114,9 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
         apis = inventory.inventory(view) if view.vllm.found else []
     unknown = unknown_disabled(hooks.known_ids(), ctx.disabled)
     covered, reasons = verdict(decisions, ctx, unknown)
+    if unknown:  # a typo: the reason lists the ids that exist (as the generator's error does)
+        short = f"names no patch: {', '.join(unknown)}"
+        reasons = [unknown_disabled_message(unknown, hooks.known_ids()) if short in r else r for r in reasons]
     torch = versions.installed("torch")
     transformers = ctx.transformers
     return {
@@ -161,7 +164,7 @@ def _text(rep: dict, verbose: bool = False) -> str:
                and p["status"] in ("left off", "disabled")]
     if without:
         lines.append(f"  without {', '.join(without)}: optional (the same rows come back: slower, or unchecked)")
-    if not rep["covered"]:
+    if not rep["covered"] and not rep["unknown_disabled"]:  # a typo is fixed by fixing it, not by pins
         found = _nearest(rep)
         if found is not None:
             lines.append(f"  nearest validated set ({found.why}): {' '.join(found.pins())}")

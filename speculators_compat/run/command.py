@@ -70,7 +70,8 @@ environment it reads (a launcher's shard, when --shard is not given):
   SPECULATORS_COMPAT_DISABLE=resume  leave the output folder alone (no resume, no sharding)
 
 exit codes: the script's own; 130 after Ctrl-C, 143 after SIGTERM (pending saves finished);
-1 for an output folder it refuses; 2 for a usage error."""
+1 for an output folder it refuses; 2 for a usage error or a path of the stock script's arguments
+that does not exist (--target-model-path, --train-data-path, the parent of --output-dir)."""
 
 #: the id that ``SPECULATORS_COMPAT_DISABLE`` takes to leave the output folder alone
 RESUME_ID = "resume"
@@ -133,7 +134,7 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
     the dataset with ``shard``, see :mod:`speculators_compat.run.sharded`)."""
     import argparse
 
-    from . import manifest, resume, sharded
+    from . import arguments, manifest, resume, sharded
 
     state = {"done": False}
 
@@ -143,6 +144,7 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
         if not state["done"] and isinstance(folder, (str, os.PathLike)):
             state["done"] = True
             _log()  # the runner's lines show even if the script configured no logging
+            arguments.check(namespace)  # a typo ends here: no folder made, no preprocessing started
             if shard is not None:
                 sharded.arm(namespace, found, shard, patcher)
             else:
@@ -327,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         print(HELP if argv else USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
     from . import shards
+    from .arguments import ArgumentError
     from .resume import OutputFolderError
 
     try:
@@ -366,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     except OutputFolderError as exc:
         print(f"speculators-compat run: {exc}", file=sys.stderr)
         return 1
+    except ArgumentError as exc:
+        status = f"refused: {exc}"[:2000]
+        print(f"speculators-compat run: {exc}", file=sys.stderr)
+        return 2
     except SystemExit as exc:
         status = "finished" if exc.code in (None, 0) else f"exited with code {exc.code}"
         raise
