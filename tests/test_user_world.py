@@ -138,3 +138,116 @@ def test_an_unknown_command_is_named_with_the_commands(capsys):
     assert "unknown command: bogus" in err, err
     for command in ("check", "demo", "run", "verify"):
         assert command in err.splitlines()[0], err
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+from speculators_compat.run import diskfull  # noqa: E402
+
+
+def _can_mount_tmpfs() -> bool:
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                          capture_output=True, timeout=30)
+    return proc.returncode == 0
+
+
+def _samples(root: Path, n: int = 32) -> Path:
+    import json
+    import random
+
+    rng = random.Random(0)
+    lines = []
+    for _ in range(n):
+        k = rng.randint(150, 250)
+        lines.append(json.dumps({"input_ids": [rng.randrange(3, 500) for _ in range(k)], "loss_mask": [1] * k}))
+    (root / "train.jsonl").write_text("\n".join(lines) + "\n")
+    return root / "train.jsonl"
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and a private mount namespace (unshare -m) for a tmpfs")
+def test_a_full_disk_ends_the_run_with_the_cause_and_the_cure_and_the_same_command_resumes(tmp_path):
+    """A 200 KiB tmpfs holds about 10 of 32 samples: the run stops (exit 1, promptly), its last line
+    names the device, what is free, the samples complete and where the same command resumes; with
+    room made, the same command completes a dataset equal to a clean run's."""
+    data = _samples(tmp_path)
+    clean = tmp_path / "clean"
+    code, out, _ = _run(tmp_path, "--train-data-path", str(data), "--output-dir", str(clean))
+    assert code == 0, out
+    disk, copy = tmp_path / "disk", tmp_path / "copy"
+    disk.mkdir()
+    run = f"{sys.executable} -m speculators_compat.run {SCRIPT} --train-data-path {data} --output-dir {disk}/out"
+    script = (f"mount -t tmpfs -o size=200k tmpfs {disk} || exit 99\n"
+              f"{run} > {tmp_path}/first.log 2>&1; echo $? > {tmp_path}/first.rc\n"
+              f"cp -r {disk}/out {tmp_path}/after-first\n"
+              f"mount -o remount,size=4m {disk}\n"  # the user frees space
+              f"{run} > {tmp_path}/second.log 2>&1; echo $? > {tmp_path}/second.rc\n"
+              f"cp -r {disk}/out {copy}\n")
+    start = time.monotonic()
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    first = (tmp_path / "first.log").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1", first
+    last = first.strip().splitlines()[-1]
+    complete = sorted(int(p.stem[5:]) for p in (tmp_path / "after-first").glob("data_*.pt"))
+    import re
+
+    m = re.fullmatch(r"speculators-compat run: no space left on the device holding the output folder "
+                     rf"{re.escape(str(disk))}/out \(mounted at {re.escape(str(disk))}: (.+) free of 200\.0 KiB\)\. "
+                     r"(\d+) samples are complete \(data_0\.pt - data_(\d+)\.pt\)\. Free space there and run the "
+                     r"same command: it resumes at data_(\d+)\.pt\.", last)
+    assert m, last
+    n = int(m.group(2))
+    assert 0 < n < 32 and int(m.group(3)) == n - 1 and int(m.group(4)) == n, last
+    assert set(range(n)) <= set(complete), (n, complete)  # every sample it counts is there
+    second = (tmp_path / "second.log").read_text()
+    assert (tmp_path / "second.rc").read_text().strip() == "0", second
+    from speculators_compat.run import verify
+
+    assert verify.verify(copy).complete
+    for i in range(32):
+        import zipfile
+
+        with zipfile.ZipFile(clean / f"data_{i}.pt") as a, zipfile.ZipFile(copy / f"data_{i}.pt") as b:
+            assert {n: a.read(n) for n in a.namelist()} == {n: b.read(n) for n in b.namelist()}, i
+    assert time.monotonic() - start < 120
+
+
+def test_torchs_short_write_after_a_no_space_warning_is_a_full_disk(tmp_path):
+    """torch.save on a full disk raises RuntimeError '... unexpected pos' (no errno): a warning of this
+    process named ENOSPC before it, so it is a full disk, and the folder's completed samples are counted."""
+    import logging
+
+    out = tmp_path / "out"
+    out.mkdir()
+    watcher = diskfull.Watcher()
+    err = RuntimeError("[enforce fail at inline_container.cc:668] . unexpected pos 52288 vs 52176")
+    assert diskfull.diagnose(err, str(out), watcher=watcher) is None or diskfull._free(str(out))[0] < diskfull.LOW
+    watcher.handle(logging.LogRecord("speculators_compat.run", logging.WARNING, __file__, 1,
+                                     "could not write the run manifest: [Errno 28] No space left on device: '%s'",
+                                     (str(out / "m.json"),), None))
+    message = diskfull.diagnose(err, str(out), watcher=watcher)
+    assert message is not None and message.startswith(f"no space left on the device holding the output folder {out} ")
+    assert "no sample" not in message and "0 samples are complete. Free space there and run the same command: " \
+        "it resumes at data_0.pt." in message, message
+
+
+def test_an_enospc_in_the_cause_chain_names_shared_memory_when_it_is_the_full_device(tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv("SPECULATORS_COMPAT_SHM_DIR", str(shm))
+    full = OSError(28, "No space left on device", str(shm / "seg"))
+    try:
+        try:
+            raise full
+        except OSError as exc:
+            raise RuntimeError("a worker's reply failed") from exc
+    except RuntimeError as exc:
+        message = diskfull.diagnose(exc, None, watcher=diskfull.Watcher())
+    # the output folder is not known (no folder armed): the device is the one the error names
+    assert message is not None and f"the shared memory {shm}" in message and "--shm-size" in message, message
+    assert diskfull.diagnose(ValueError("not a disk"), None, watcher=diskfull.Watcher()) is None

@@ -145,6 +145,7 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
             state["done"] = True
             _log()  # the runner's lines show even if the script configured no logging
             arguments.check(namespace)  # a typo ends here: no folder made, no preprocessing started
+            _output[:] = [os.fspath(folder), shard is not None]
             if shard is not None:
                 sharded.arm(namespace, found, shard, patcher)
             else:
@@ -154,6 +155,9 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
 
     patcher.wrap(argparse.ArgumentParser, "parse_args", parse_args)
 
+
+#: the output folder the runner armed, and whether it is one shard's ([] before the script parsed its arguments)
+_output: list = []
 
 #: executors shut down by their generators' finalizers before the signal (``lifecycle.shutdowns()``)
 _before_signal = [0]
@@ -352,10 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     _arm_children()
     os.environ[_env.RUNNER] = str(os.getpid())  # the workers of this process leave Ctrl-C to it
 
-    from . import lifecycle
+    from . import diskfull, lifecycle
 
     previous, previous_int = _install_signal_handlers(lifecycle)
+    diskfull.watch()
     status = "failed"
+    last = None  # the line printed last: a full disk's cause and cure
     try:
         code = _run(argv, explicit)
         status = "finished"
@@ -376,6 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         status = "finished" if exc.code in (None, 0) else f"exited with code {exc.code}"
         raise
+    except Exception as exc:
+        status = f"failed: {type(exc).__name__}: {exc}"[:2000]
+        last = diskfull.diagnose(exc, *(_output or [None, False]))
+        if last is None:
+            raise
+        import traceback
+
+        traceback.print_exception(exc)  # what failed where; the cause and the cure come last
+        return 1
     except BaseException as exc:
         status = f"failed: {type(exc).__name__}: {exc}"[:2000]
         raise
@@ -384,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
 
         _write_manifest(manifest, status)
         resume.finish()
+        diskfull.unwatch()
+        if last is not None:
+            sys.stderr.flush()
+            print(f"speculators-compat run: {last}", file=sys.stderr, flush=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:
