@@ -251,3 +251,41 @@ def test_an_enospc_in_the_cause_chain_names_shared_memory_when_it_is_the_full_de
     # the output folder is not known (no folder armed): the device is the one the error names
     assert message is not None and f"the shared memory {shm}" in message and "--shm-size" in message, message
     assert diskfull.diagnose(ValueError("not a disk"), None, watcher=diskfull.Watcher()) is None
+
+
+# -- a container's small /dev/shm -----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and a private mount namespace (unshare -m) for a tmpfs")
+def test_a_shared_memory_folder_too_small_for_a_call_still_extracts_correct_rows_and_says_so_once(tmp_path):
+    """A 4 MiB tmpfs stands in for a container's /dev/shm (SPECULATORS_COMPAT_SHM_DIR): the calls'
+    results (~12 MiB of fp32 states) cannot be laid out there, so they travel pickled, as stock. The
+    rows equal HF transformers' (tests/scenario.py 'mixed'), no SIGBUS, no hang, one warning that
+    names the folder's size, what a call needs and the fix."""
+    pytest.importorskip("vllm")
+    from speculators_compat.core import versions
+
+    spec = versions.speculators()
+    if spec is None or spec.base.release[:2] != (0, 3):
+        pytest.skip("results-in-place / shm-transport are for speculators 0.3")
+    import json
+
+    from speculators_compat.testing import tiny
+
+    model = tiny.build_llama(tmp_path / "tiny-llama")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    out = tmp_path / "report.json"
+    env = _env(SPECULATORS_COMPAT_DTYPE="float32", SPECULATORS_COMPAT_SHM_DIR=str(shm))
+    cmd = (f"mount -t tmpfs -o size=4m tmpfs {shm} || exit 99\n"
+           f"exec {sys.executable} {HERE / 'scenario.py'} {model} --steps start,mixed,repeat --out {out}\n")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], env=env, capture_output=True, text=True, timeout=900,
+                          cwd=tmp_path, stdin=subprocess.DEVNULL)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and out.exists(), text[-6000:]
+    steps = json.loads(out.read_text())["steps"]
+    assert all(steps[s]["ok"] for s in ("start", "mixed", "repeat")), {s: steps[s] for s in steps if not steps[s]["ok"]}
+    said = [ln for ln in text.splitlines() if f"shm-transport: the shared-memory folder {shm} has" in ln]
+    assert len(said) == 1, text[-6000:]
+    assert "free of 4.0 MiB" in said[0] and "--shm-size=" in said[0] and "--ipc=host" in said[0], said[0]
+    assert "travel pickled" in said[0] and "SPECULATORS_COMPAT_SHM_DIR" in said[0], said[0]

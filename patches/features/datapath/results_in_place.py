@@ -47,6 +47,7 @@ from speculators_compat.core.targets import GENERATOR
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
 from . import pool as pools
+from . import segments
 from .plan import call_lengths
 from .reply import TRANSFER_ATTR, CallExecutor, Transfer, take_written
 from .segments import itemsize as itemsize_of
@@ -113,6 +114,7 @@ def _generate(wrapped, instance, args, kwargs):
         pool = instance.__dict__[pools.POOL_ATTR] = pools.Pool(spares=device != "cpu")
     seg = pool.acquire(nbytes, pools.held_results_limit(max(nbytes, pool.largest_call)))
     if seg is None:
+        segments.say_no_room(nbytes)  # once: the results travel pickled, as stock
         executor.collective_rpc(accept_plan, args=(None,))
         return wrapped(*args, **kwargs)
     transfer = None
