@@ -215,7 +215,8 @@ def _tox_section(env: Env) -> str:
     lines.append(f"deps = -r tests{{/}}requirements{{/}}{env.name}.txt")
     if env.system:
         lines.append(f"commands_pre = python {{tox_root}}{{/}}tests{{/}}matrix.py system {' '.join(env.system)}")
-    pytest = "pytest -q -p no:cacheprovider -rA --timeout 1800 tests {posargs}"
+    # per test file a progress line, the slowest tests and every failure, error and skip at the end
+    pytest = "pytest -p no:cacheprovider -rfEs --durations=10 --timeout 1800 tests {posargs}"
     if env.wrap:  # the wrapper runs `python ARGS`: give it the env's pytest script
         pytest = f"{env.wrap} {{env_bin_dir}}{{/}}{pytest}"
         lines.append(f"allowlist_externals = {env.wrap.split()[0]}")

