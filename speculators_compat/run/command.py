@@ -387,9 +387,14 @@ def main(argv: list[str] | None = None) -> int:
         last = diskfull.diagnose(exc, *(_output or [None, False]))
         if last is None:
             raise
+        import gc
         import traceback
 
         traceback.print_exception(exc)  # what failed where; the cause and the cure come last
+        traceback.clear_frames(exc.__traceback__)  # the script's frames let its generator go
+        del exc
+        lifecycle.shutdown_all()  # the workers stop now, their lines before the last one
+        gc.collect()
         return 1
     except BaseException as exc:
         status = f"failed: {type(exc).__name__}: {exc}"[:2000]
