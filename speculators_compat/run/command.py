@@ -360,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
     previous, previous_int = _install_signal_handlers(lifecycle)
     diskfull.watch()
+    _output.clear()
     status = "failed"
     last = None  # the line printed last: a full disk's cause and cure
     try:
@@ -384,7 +385,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except Exception as exc:
         status = f"failed: {type(exc).__name__}: {exc}"[:2000]
-        last = diskfull.diagnose(exc, *(_output or [None, False]))
+        try:
+            last = diskfull.diagnose(exc, *(_output or [None, False]))
+        except OSError:  # the diagnosis must never mask the run's own error
+            last = None
         if last is None:
             raise
         import gc
