@@ -11,6 +11,9 @@ USAGE = (
     "(speculators-compat COMMAND --help: the command's options)"
 )
 
+#: the subcommands, as the usage line lists them
+COMMANDS = ("check", "demo", "run", "verify")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -39,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as demo
 
         return demo(rest)
-    print(USAGE, file=sys.stderr)
+    print(f"speculators-compat: unknown command: {cmd} (the commands: {', '.join(COMMANDS)})\n{USAGE}",
+          file=sys.stderr)
     return 2
 
 

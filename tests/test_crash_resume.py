@@ -493,3 +493,52 @@ def test_two_shards_one_killed_and_resumed_equal_a_clean_run(setup, clean, tmp_p
                  "unreadable  data_9.pt: not a complete torch.save archive"):
         assert line in proc.stdout, proc.stdout
     print(f"TP={tp}: max abs diff against one process {worst:.2g}; damaged copy: {proc.stdout.splitlines()[-1]}")
+
+
+# -- a full disk ------------------------------------------------------------------------------
+
+
+def _can_mount_tmpfs() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                          capture_output=True, timeout=30)
+    return proc.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and a private mount namespace (unshare -m) for a tmpfs")
+def test_a_full_disk_ends_with_the_cause_and_the_cure_and_the_same_command_completes(setup, clean, tmp_path):
+    """The output folder on a 4 MiB tmpfs (about 9 of the 40 samples fit): torch.save through the
+    atomic-save patch fails; the run exits 1 and its last line names the device, its free space,
+    the samples complete and where the same command resumes; with room made, the same command
+    completes a dataset equal to a clean run's."""
+    import shlex
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run = " ".join(shlex.quote(c) for c in command(setup, disk / "out"))
+    script = (f"mount -t tmpfs -o size=4m tmpfs {disk} || exit 99\n"
+              f"{run} > {tmp_path}/first.log 2>&1; echo $? > {tmp_path}/first.rc\n"
+              f"cp -r {disk}/out {tmp_path}/after-first\n"
+              f"mount -o remount,size=64m {disk}\n"  # the user frees space
+              f"{run} > {tmp_path}/second.log 2>&1; echo $? > {tmp_path}/second.rc\n"
+              f"cp -r {disk}/out {tmp_path}/copy\n")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], env=environment(), capture_output=True, text=True,
+                          timeout=900, cwd=setup["root"], stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    first = (tmp_path / "first.log").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1", first[-5000:]
+    # the last line of the run (a worker process may still print as it exits)
+    last = [ln for ln in first.strip().splitlines() if not ln.startswith("(Worker")][-1]
+    m = re.fullmatch(r"speculators-compat run: no space left on the device holding the output folder "
+                     rf"{re.escape(str(disk))}/out \(mounted at {re.escape(str(disk))}: (.+) free of 4\.0 MiB\)\. "
+                     r"(\d+) samples? (?:are|is) complete.*\. Free space there and run the same command: it resumes "
+                     r"at data_(\d+)\.pt\.", last)
+    assert m, first[-5000:]
+    n = int(m.group(2))
+    assert 0 < n < N_SAMPLES and int(m.group(3)) == n, last
+    kept = {p.name for p in (tmp_path / "after-first").iterdir()}
+    assert {f"data_{i}.pt" for i in range(n)} <= kept, (n, sorted(kept))
+    second = (tmp_path / "second.log").read_text()
+    assert (tmp_path / "second.rc").read_text().strip() == "0", second[-5000:]
+    assert_same_dataset(tmp_path / "copy", clean)

@@ -950,6 +950,10 @@ def test_the_readme_first_run_works_as_written(tmp_path):
     then verify says complete."""
     lines = _readme_first_run()
     assert lines[0].startswith(". .tox/demo/bin/activate") and any(STOCK_SCRIPT_URL in ln for ln in lines), lines
+    # then a scratch folder outside the clone (tmp_path stands for it here): nothing lands in the clone
+    scratch = re.fullmatch(r"mkdir -p (\S+) && cd \1", lines[1])
+    assert scratch and not Path(scratch.group(1)).resolve().is_relative_to(HERE.parent.resolve()), lines[1]
+    lines = [lines[0], *lines[2:]]
     if not _stock_script(tmp_path / "data_generation_offline.py"):
         pytest.skip(f"speculators 0.3.0's script: no SPECULATORS_COMPAT_REAL_DATAGEN and {STOCK_SCRIPT_URL} unreachable")
     env = _stock_env(HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

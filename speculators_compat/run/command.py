@@ -70,7 +70,8 @@ environment it reads (a launcher's shard, when --shard is not given):
   SPECULATORS_COMPAT_DISABLE=resume  leave the output folder alone (no resume, no sharding)
 
 exit codes: the script's own; 130 after Ctrl-C, 143 after SIGTERM (pending saves finished);
-1 for an output folder it refuses; 2 for a usage error."""
+1 for an output folder it refuses; 2 for a usage error or a path of the stock script's arguments
+that does not exist (--target-model-path, --train-data-path, the parent of --output-dir)."""
 
 #: the id that ``SPECULATORS_COMPAT_DISABLE`` takes to leave the output folder alone
 RESUME_ID = "resume"
@@ -134,7 +135,7 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
     import argparse
 
     from ..services import manifest
-    from . import resume, sharded
+    from . import arguments, resume, sharded
 
     state = {"done": False}
 
@@ -144,6 +145,8 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
         if not state["done"] and isinstance(folder, (str, os.PathLike)):
             state["done"] = True
             _log()  # the runner's lines show even if the script configured no logging
+            arguments.check(namespace)  # a typo ends here: no folder made, no preprocessing started
+            _output[:] = [os.fspath(folder), shard is not None]
             if shard is not None:
                 sharded.arm(namespace, found, shard, patcher)
             else:
@@ -153,6 +156,9 @@ def _arm_output_folder(found, patcher, shard=None) -> None:
 
     patcher.wrap(argparse.ArgumentParser, "parse_args", parse_args)
 
+
+#: the output folder the runner armed, and whether it is one shard's ([] before the script parsed its arguments)
+_output: list = []
 
 #: executors shut down by their generators' finalizers before the signal (``lifecycle.shutdowns()``)
 _before_signal = [0]
@@ -328,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         print(HELP if argv else USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
     from . import shards
+    from .arguments import ArgumentError
     from .resume import OutputFolderError
 
     try:
@@ -351,9 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[_env.RUNNER] = str(os.getpid())  # the workers of this process leave Ctrl-C to it
 
     from ..services import lifecycle
+    from . import diskfull
 
     previous, previous_int = _install_signal_handlers(lifecycle)
+    diskfull.watch()
+    _output.clear()
     status = "failed"
+    last = None  # the line printed last: a full disk's cause and cure
     try:
         code = _run(argv, explicit)
         status = "finished"
@@ -367,9 +378,30 @@ def main(argv: list[str] | None = None) -> int:
     except OutputFolderError as exc:
         print(f"speculators-compat run: {exc}", file=sys.stderr)
         return 1
+    except ArgumentError as exc:
+        status = f"refused: {exc}"[:2000]
+        print(f"speculators-compat run: {exc}", file=sys.stderr)
+        return 2
     except SystemExit as exc:
         status = "finished" if exc.code in (None, 0) else f"exited with code {exc.code}"
         raise
+    except Exception as exc:
+        status = f"failed: {type(exc).__name__}: {exc}"[:2000]
+        try:
+            last = diskfull.diagnose(exc, *(_output or [None, False]))
+        except OSError:  # the diagnosis must never mask the run's own error
+            last = None
+        if last is None:
+            raise
+        import gc
+        import traceback
+
+        traceback.print_exception(exc)  # what failed where; the cause and the cure come last
+        traceback.clear_frames(exc.__traceback__)  # the script's frames let its generator go
+        del exc
+        lifecycle.shutdown_all()  # the workers stop now, their lines before the last one
+        gc.collect()
+        return 1
     except BaseException as exc:
         status = f"failed: {type(exc).__name__}: {exc}"[:2000]
         raise
@@ -379,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
 
         _write_manifest(manifest, status)
         resume.finish()
+        diskfull.unwatch()
+        if last is not None:
+            sys.stderr.flush()
+            print(f"speculators-compat run: {last}", file=sys.stderr, flush=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:

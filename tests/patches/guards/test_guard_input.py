@@ -23,6 +23,7 @@ NEEDED = {
 pytest.importorskip("wrapt")
 
 from speculators_compat.errors import InvalidInputError  # noqa: E402
+from speculators_compat import inputs  # noqa: E402
 from speculators_compat.patches.guards import guard_input  # noqa: E402
 
 
@@ -110,16 +111,16 @@ def test_offline_a_hub_id_not_in_the_cache_is_named_at_once(tmp_path, monkeypatc
     online(monkeypatch)
     monkeypatch.setenv(var, "1")
     asked = []
-    monkeypatch.setattr(guard_input, "hub_cached", lambda repo: asked.append(repo) or False)
+    monkeypatch.setattr(inputs, "hub_cached", lambda repo: asked.append(repo) or False)
     with pytest.raises(InvalidInputError) as err:
         guard_input.check_model_path(path)
     message = str(err.value)
     assert f"model path {path!r}: no local folder {tmp_path / path} exists" in message
     assert f"not in the local hub cache while {var}=1" in message and asked == [path]
-    monkeypatch.setattr(guard_input, "hub_cached", lambda repo: True)  # downloaded before: offline works
+    monkeypatch.setattr(inputs, "hub_cached", lambda repo: True)  # downloaded before: offline works
     assert guard_input.check_model_path(path) == (path, None)
     monkeypatch.setenv(var, "0")
-    monkeypatch.setattr(guard_input, "hub_cached", lambda repo: False)
+    monkeypatch.setattr(inputs, "hub_cached", lambda repo: False)
     assert guard_input.check_model_path(path) == (path, None)  # online: transformers looks it up
 
 

@@ -209,6 +209,43 @@ def unlink(path: str) -> None:
         pass
 
 
+#: per process: the shared-memory folder's lack of room was said (once)
+_told: list = []
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def say_no_room(nbytes: int) -> bool:
+    """Once per process, a warning that the shared-memory folder has no room for a call's
+    ``nbytes`` of results (plus :data:`MARGIN`), which then travel pickled, as stock: its size,
+    what the call needs and the fix (a container's ``--shm-size`` / ``--ipc=host``, or
+    ``SPECULATORS_COMPAT_SHM_DIR``). True when it was said now."""
+    if _told:
+        return False
+    _told.append(True)
+    where = folder()
+    try:
+        stat = os.statvfs(where)
+        has = f"{_size(stat.f_bavail * stat.f_frsize)} free of {_size(stat.f_blocks * stat.f_frsize)}"
+    except OSError as exc:
+        has = f"cannot be read ({exc.strerror or exc})"
+    need = nbytes + MARGIN
+    gib = max(1, -(-2 * need // (1 << 30)))  # room for a call being written and one being saved
+    log.warning("shm-transport: the shared-memory folder %s has %s; a call's results need %s (%s of states "
+                "and %s kept free): they travel pickled through vLLM's message queue instead, as in stock "
+                "speculators -- the same rows, slower. For the fast path: in Docker `--shm-size=%dg` (or "
+                "`--ipc=host`), in Kubernetes an emptyDir of medium Memory at /dev/shm, or "
+                "SPECULATORS_COMPAT_SHM_DIR=DIR on a tmpfs with room. (Said once.)",
+                where, has, _size(need), _size(nbytes), _size(MARGIN), gib)
+    return True
+
+
 def room(nbytes: int) -> bool:
     """Whether the shared-memory folder has ``nbytes`` free beyond :data:`MARGIN`."""
     try:
