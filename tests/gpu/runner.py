@@ -191,7 +191,7 @@ def main() -> int:
 
 
 def validation_run(results: dict) -> dict | None:
-    """The CUDA validation run these results make (merged here with ``tests/matrix.py record``):
+    """The CUDA validation run these results make (merged here with ``tools/matrix.py record``):
     what applied, in the driver and the workers, in every extraction whose test passed (all its
     steps ok, and at least one set of rows compared with HF: a run cut short compared none)."""
     fig = results.get("figures", {})

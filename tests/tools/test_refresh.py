@@ -1,4 +1,4 @@
-"""``python tests/matrix.py refresh`` against a fake simple index made here: a new transformers
+"""``python tools/matrix.py refresh`` against a fake simple index made here: a new transformers
 release becomes a new matrix entry, and once a validation run is recorded, a validated row.
 Resolves for real with ``uv pip compile`` over tiny wheels that carry only their metadata."""
 

@@ -71,7 +71,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$RUN_PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFF
 # (SPECULATORS_COMPAT_RECORD=$G016_ROOT/record, or the folder you set): patches apply on a release
 # no validation run recorded yet (before it is recorded, the performance patches are left off
 # there: `bench` then names them in missing_features). The runner writes what applied as
-# $OUT/validation-run.json either way (tests/matrix.py record merges it).
+# $OUT/validation-run.json either way (tools/matrix.py record merges it).
 if [ "${RECORD:-0}" = 1 ]; then export SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-$G016_ROOT/record}; fi
 echo "SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-(unset)}"
 BM=${BM:-$G016_ROOT/bm}; BENCH_MODELS=${BENCH_MODELS:-llama-1b llama-8b}
