@@ -1,6 +1,6 @@
 """Shared fixtures, and the validation record a matrix run writes.
 
-With ``SPECULATORS_COMPAT_RECORD=DIR`` (a validation run of the matrix, see tests/matrix.py), the
+With ``SPECULATORS_COMPAT_RECORD=DIR`` (a validation run of the matrix, see tools/matrix.py), the
 end-to-end tests feed ``recorder.RUN`` with what every full-shim scenario run applied (in the driver
 and in the workers), on which model, at which tensor-parallel size and how close to HF fp32;
 when the whole session passed, ``pytest_sessionfinish`` writes it into DIR as one validation run.
@@ -9,8 +9,12 @@ when the whole session passed, ``pytest_sessionfinish`` writes it into DIR as on
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# the maintainer tools (matrix, patchdoc, patchset, refresh) live in tools/, outside the tests
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
 from speculators_compat.core import _env, hooks
 

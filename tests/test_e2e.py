@@ -40,7 +40,7 @@ only04 = pytest.mark.skipif(not SPEC04, reason="speculators 0.4.x behaviour")
 suite_is = matrix.suite_is
 ALL_STEPS = ["layers", "start", "mixed", "repeat", "chunked", "leak", "badinput", "overlong", "prefix", "soak"]
 SHAPE_STEPS = ["start", "mixed", "repeat", "chunked", "leak", "prefix"]
-#: a validation run of the comparison steps only (``tests/matrix.py rerecord``): the Llama, too, runs
+#: a validation run of the comparison steps only (``tools/matrix.py rerecord``): the Llama, too, runs
 #: the shape steps (no bad input, over-long input, layer ids or soak, which the full suites run)
 QUICK = matrix.QUICK_VAR in os.environ
 # the self-check's test faults (tests/faults_site/selfcheck_faults.py), installed in the driver and the
@@ -137,10 +137,10 @@ def applied(report) -> set[str]:
 def expected_applied() -> set[str] | None:
     """What must apply here (None while recording): every patch whose delta this install has.
     The validation table must vouch for each of them on a validated release (a patch that lands
-    without a validation run would be left off: re-record, ``python tests/matrix.py rerecord``)."""
+    without a validation run would be left off: re-record, ``python tools/matrix.py rerecord``)."""
     if RECORDING:
         return None
-    assert RECORD is not None, f"no validation record covers vLLM {RELEASE} (run the validation: tests/matrix.py)"
+    assert RECORD is not None, f"no validation record covers vLLM {RELEASE} (run the validation: tools/matrix.py)"
     return PROBED_NEW
 
 

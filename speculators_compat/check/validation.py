@@ -3,11 +3,11 @@
 Two files, both data:
 
 * ``validated.json`` -- the raw validation runs, written by the test matrix (``python
-  tests/matrix.py record DIR`` merges the runs a matrix session wrote with
+  tools/matrix.py record DIR`` merges the runs a matrix session wrote with
   ``SPECULATORS_COMPAT_RECORD=DIR`` when every end-to-end test passed). One run is one vLLM
   release, one speculators release, one transformers release and one platform: the models it
   compared with HF transformers in fp32, the tensor-parallel sizes, and the patches that applied.
-* ``supported.json`` -- generated from it (:func:`table`, by ``python tests/matrix.py generate``;
+* ``supported.json`` -- generated from it (:func:`table`, by ``python tools/matrix.py generate``;
   a unit test keeps it current). Per speculators line (``0.3``, ``0.4``): the vLLM releases
   validated end to end (with the platforms and transformers releases of their runs), and for
   every patch the vLLM and transformers releases on which a validation run applied it. The

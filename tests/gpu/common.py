@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 
 #: where the device runs keep their models and references (the device machine keeps /tmp
-#: only while it stays warm: see tests/gpu/device/README.md)
+#: only while it stays warm: see tools/gpu/README.md)
 ROOT = Path(os.environ.get("G016_ROOT", "/tmp/g016"))
 MODELS = ROOT / "models"
 REFS = ROOT / "refs"

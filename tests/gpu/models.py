@@ -7,7 +7,7 @@ trained tokenizer (``speculators_compat.testing.tiny.build_tokenizer``).
 * ``llama``  -- a small Llama (GQA, head_dim 64: FLASH_ATTN on Hopper).
 * ``qwen3``  -- a small Qwen3 (GQA, q/k norms, head_dim 128 != hidden / heads).
 * ``dsv3``   -- DeepSeek-V3 with the MLA dims Hopper's MLA kernels accept (kv_lora_rank 512 +
-  qk_rope_head_dim 64 = 576; see tests/gpu/device/README.md), 1 dense + 3 MoE layers, 8 routed experts top-2
+  qk_rope_head_dim 64 = 576; see tools/gpu/README.md), 1 dense + 3 MoE layers, 8 routed experts top-2
   + 1 shared, ``noaux_tc`` sigmoid routing with a correction bias.
 * ``kimi``   -- the same architecture shaped like Kimi-K2-Thinking / Kimi-K2.5's text model
   (``n_group`` 1, ``topk_group`` 1, routed scaling 2.827) whose ROUTED experts are INT4 like
@@ -222,7 +222,7 @@ def build_perf(path: Path) -> None:
     if _small():
         dims = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=4096)
-    else:  # the 1.2B model of tests/gpu/device/capture_cost.py
+    else:  # the 1.2B model of tools/gpu/capture_cost.py
         dims = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
                     num_key_value_heads=8, vocab_size=32000)
     config = LlamaConfig(max_position_embeddings=32768, bos_token_id=1, eos_token_id=2,

@@ -24,7 +24,7 @@ start, the GPUs' memory freed (nvidia-smi: no compute process of the run, memory
 ``--device cpu`` is the dry run on a CPU build of vLLM (fp32, the tiny Llama of the CPU tests
 built under ``--work``, spawned workers, no GPU assignment: K processes on the CPU); the logic and
 the checks are the same, tensors compared within 1e-4 where the CPU threads may reorder sums.
-On CUDA the model is ``$G016_ROOT/models/llama`` (``tests/gpu/device/run.sh prepare``).
+On CUDA the model is ``$G016_ROOT/models/llama`` (``tools/gpu/run.sh prepare``).
 
 Run from outside the checkout root (the installed speculators_compat is the one tested); the
 children run in ``--work`` (default ``$G016_ROOT/multi/dp`` or ``/kill``). :func:`problems` is what the tests
@@ -130,7 +130,7 @@ class Scenario:
 
             model = tiny.build_llama(self.work / "model")
         if not (model / "config.json").exists():
-            raise FileNotFoundError(f"{model}: no config.json (on CUDA: bash tests/gpu/device/run.sh prepare first)")
+            raise FileNotFoundError(f"{model}: no config.json (on CUDA: bash tools/gpu/run.sh prepare first)")
         cfg = json.loads((model / "config.json").read_text())
         cfg = cfg.get("text_config", cfg)
         n_layers = cfg["num_hidden_layers"]

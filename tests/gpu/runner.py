@@ -158,7 +158,7 @@ def main() -> int:
     for phase in phases:
         mark(f"start {phase}")
         if phase == "prepare":
-            # G016_PREPARE_PYTHONPATH (TF5_RUNS=1 bash tests/gpu/device/run.sh): the model builders and HF references
+            # G016_PREPARE_PYTHONPATH (TF5_RUNS=1 bash tools/gpu/run.sh): the model builders and HF references
             # run on the carried transformers 4.57 while vLLM and the shim run on the image's 5.x
             penv = dict(env)
             if env.get("G016_PREPARE_PYTHONPATH"):
@@ -191,7 +191,7 @@ def main() -> int:
 
 
 def validation_run(results: dict) -> dict | None:
-    """The CUDA validation run these results make (merged here with ``tests/matrix.py record``):
+    """The CUDA validation run these results make (merged here with ``tools/matrix.py record``):
     what applied, in the driver and the workers, in every extraction whose test passed (all its
     steps ok, and at least one set of rows compared with HF: a run cut short compared none)."""
     fig = results.get("figures", {})

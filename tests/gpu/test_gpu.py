@@ -123,7 +123,7 @@ def backend_lines(name: str) -> list[str]:
 @pytest.fixture(scope="session")
 def prepared():
     """The models and HF references (a no-op when call 1's ``prepare`` built them). With
-    ``G016_PREPARE_PYTHONPATH`` (``TF5_RUNS=1 bash tests/gpu/device/run.sh``: vLLM on the image's transformers
+    ``G016_PREPARE_PYTHONPATH`` (``TF5_RUNS=1 bash tools/gpu/run.sh``: vLLM on the image's transformers
     5.x) it runs in a subprocess on that path, i.e. on the carried transformers 4.57, as in call 1."""
     path = os.environ.get("G016_PREPARE_PYTHONPATH")
     if not path:

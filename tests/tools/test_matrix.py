@@ -11,7 +11,7 @@ from speculators_compat.check import validation
 
 
 def test_generated_files_are_up_to_date():
-    assert matrix.stale() == [], "run: python tests/matrix.py generate"
+    assert matrix.stale() == [], "run: python tools/matrix.py generate"
 
 
 def test_every_environment_is_well_formed():
@@ -110,8 +110,8 @@ def test_the_workflow_is_one_job_template_over_every_environment():
     assert workflow.count("runs-on:") == 3  # the template, the weekly check of the newest wheels, refresh
     # weekly: the newest vllm (CUDA) wheel read statically; every covered line resolved, per speculators line
     assert "- {package: vllm, python: " in workflow and "check --vllm-root /tmp/vllm" in workflow
-    assert "python tests/unpack_wheel.py /tmp/wheel/*.whl /tmp/vllm" in workflow
-    assert "python tests/matrix.py refresh --dry-run --strict --speculators ${{ matrix.speculators }}" in workflow
+    assert "python tools/unpack_wheel.py /tmp/wheel/*.whl /tmp/vllm" in workflow
+    assert "python tools/matrix.py refresh --dry-run --strict --speculators ${{ matrix.speculators }}" in workflow
     for spec in ("0.3", "0.4"):
         mine = [e for e in envs if e.speculators.startswith(spec + ".")]
         assert f'- {{speculators: "{spec}", lines: "{matrix._lines_text(mine)}"}}' in workflow

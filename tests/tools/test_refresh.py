@@ -1,4 +1,4 @@
-"""``python tests/matrix.py refresh`` against a fake simple index made here: a new transformers
+"""``python tools/matrix.py refresh`` against a fake simple index made here: a new transformers
 release becomes a new matrix entry, and once a validation run is recorded, a validated row.
 Resolves for real with ``uv pip compile`` over tiny wheels that carry only their metadata."""
 
@@ -168,7 +168,7 @@ def test_a_vllm_release_without_a_cpu_build_is_named_for_the_gpu_run(fake):
     rows, _ = refresh.refresh(str(table), str(validated), index, dry_run=True, load=matrix.load)
     cuda = [(r.line, r.vllm, r.status) for r in rows if r.status == "cuda only"]
     assert cuda == [("0.33", "0.33.0", "cuda only"), ("0.34", "0.34.0", "cuda only")]
-    assert all("tests/gpu/device/README.md" in r.why for r in rows if r.status == "cuda only")
+    assert all("tools/gpu/README.md" in r.why for r in rows if r.status == "cuda only")
 
 
 def test_the_index_lists_final_releases_that_are_not_yanked(tmp_path):

@@ -20,7 +20,7 @@ streams) get a plain synchronous ``.to("cpu")`` per step. Device memory stays fl
 steps; the driver's own ``.cpu()`` is a no-op.
 
 Measured cost (H200, vLLM 0.20.0, 1.2B Llama in bf16, 64 x 1024 tokens, forward hooks on
-4 layers, ``tests/gpu/device/capture_cost.py``): a blocking ``.to("cpu")`` per step ran at 0.23 of eager
+4 layers, ``tools/gpu/capture_cost.py``): a blocking ``.to("cpu")`` per step ran at 0.23 of eager
 prefill, this scheme at 1.00.
 
 Detection: the extension has ``_store_captured_states`` and ``_get_captured_states``

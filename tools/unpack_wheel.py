@@ -1,5 +1,5 @@
 """Unpack the Python sources and the dist-info of a wheel (no native libraries): what
-``check --vllm-root`` reads.   python tests/unpack_wheel.py WHEEL DEST"""
+``check --vllm-root`` reads.   python tools/unpack_wheel.py WHEEL DEST"""
 
 import sys
 import zipfile

@@ -1,8 +1,8 @@
 #!/bin/bash
-# The project's steps ON the GPU machine, from the checkout root:  bash tests/gpu/device/run.sh STEP...
-# (tests/gpu/device/device.sh is the measured recipe it extends; tests/gpu/device/README.md gives the call plans.)
+# The project's steps ON the GPU machine, from the checkout root:  bash tools/gpu/run.sh STEP...
+# (tools/gpu/device.sh is the measured recipe it extends; tools/gpu/README.md gives the call plans.)
 #
-#   (PAY=.gpu26 takes the payload from .gpu26/ instead of .gpu/: vLLM 0.26.0, see tests/gpu/device/README.md)
+#   (PAY=.gpu26 takes the payload from .gpu26/ instead of .gpu/: vLLM 0.26.0, see tools/gpu/README.md)
 #   stash     copy the carried vLLM part(s) .gpu/cN/* to /tmp/parts (a carried path is gone at the next call)
 #   deps      pip-install the carried wheels into /tmp/site: .gpu/whl (vLLM's missing imports),
 #             .gpu/w2 (speculators 0.3.0, loguru, compressed-tensors 0.15.0.1, wrapt) and, if carried,
@@ -17,7 +17,7 @@
 #   extra     llguidance wheel + stripped xgrammar tarball (.gpu/x1) into /tmp/site (0.26: llguidance,
 #             xgrammar and apache-tvm-ffi wheels)
 #   import    python3 -c "import vllm; from vllm import LLM" (and speculators' generator)
-#   modcheck  tests/gpu/device/modcheck.py: every missing third-party module of ~30 vLLM modules at once
+#   modcheck  tools/gpu/modcheck.py: every missing third-party module of ~30 vLLM modules at once
 #   check     python3 -m speculators_compat.check (text) -> $OUT/check.txt
 #   tests     tests/gpu/runner.py: prepare (no-op if done), TP=1 + perf, TP=2; $OUT/results.json
 #             + $OUT/logs.tar.gz. RUNNER_ARGS adds options (default: --parallel when 2 GPUs);
@@ -33,7 +33,7 @@
 #             run`, $STOCK_CALLS (50) calls of 16 x 1024 tokens saved to /tmp/stock, against the disk's
 #             and the save path's bandwidth and the bench's prefill -> $OUT/stock-llama-8b$STOCK_TAG.json
 #             (STOCK_ARGS: e.g. "--batch 8 --runs 2 --writer torch"; its log, stock-<model>$STOCK_TAG.log)
-#   smoke     tests/gpu/device/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
+#   smoke     tools/gpu/run_llm.py on the tiny llama (plain vLLM, the recipe's check)
 #   stub34    vLLM 0.33/0.34: the MiniMax-M3 warm-up module (imports the CuTe DSL, not carried) made a
 #             no-op (it returns at once for other models and on SM90); stated in the records
 #   (SC_MODELS: the models of `selfcheck`, default the 8B bench model, dsv3 and kimi)
@@ -53,7 +53,7 @@
 #             $OUT/selfcheck-tp2-*.json (the self-check's separation and its seconds at TP>1)
 set -o pipefail
 SITE=${SITE:-/tmp/site}; PARTS=${PARTS:-/tmp/parts}   # overridable for a dry run elsewhere
-PAY=${PAY:-.gpu}   # the payload folder (tests/gpu/device/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
+PAY=${PAY:-.gpu}   # the payload folder (tools/gpu/pack.sh's OUTDIR): .gpu (vLLM 0.20.0), .gpu26 (vLLM 0.26.0)
 SITE_TF4=${SITE_TF4:-$SITE-tf4}   # transformers 4.57 + its hub/tokenizers, ahead of $SITE
 # TF5_RUNS=1: vLLM and the shim run on the image's transformers 5.x (once the shim supports it);
 # prepare (the model builders, the INT4 quantization, HF references) always uses transformers 4.57
@@ -71,7 +71,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$RUN_PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFF
 # (SPECULATORS_COMPAT_RECORD=$G016_ROOT/record, or the folder you set): patches apply on a release
 # no validation run recorded yet (before it is recorded, the performance patches are left off
 # there: `bench` then names them in missing_features). The runner writes what applied as
-# $OUT/validation-run.json either way (tests/matrix.py record merges it).
+# $OUT/validation-run.json either way (tools/matrix.py record merges it).
 if [ "${RECORD:-0}" = 1 ]; then export SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-$G016_ROOT/record}; fi
 echo "SPECULATORS_COMPAT_RECORD=${SPECULATORS_COMPAT_RECORD:-(unset)}"
 BM=${BM:-$G016_ROOT/bm}; BENCH_MODELS=${BENCH_MODELS:-llama-1b llama-8b}
@@ -134,7 +134,7 @@ import speculators_compat
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep -v -E "^(INFO|WARNING) " | tail -5 ;;
   modcheck)
-    python3 tests/gpu/device/modcheck.py 2>&1 | tee "$OUT/modcheck.log" | grep -v "^ok " ;;
+    python3 tools/gpu/modcheck.py 2>&1 | tee "$OUT/modcheck.log" | grep -v "^ok " ;;
   check)
     ( cd /tmp && python3 -m speculators_compat.check ) > "$OUT/check.txt" 2>&1; echo "check exit $?"
     grep -E "refused|covered|unknown" "$OUT/check.txt" | head -20 ;;
@@ -222,7 +222,7 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
       printf '# speculators_compat GPU run: the original imports the CuTe DSL (not carried); it returns at once\n# for a model without MiniMaxM3SparseAttention or a GPU that is not SM100.\ndef minimax_m3_msa_warmup(worker):\n    return None\n' > "$f"
       rm -f "$SITE"/vllm/model_executor/warmup/__pycache__/minimax_m3_msa_warmup*; echo "stubbed $f"; fi ;;
   smoke)
-    timeout ${TMO:-240} python3 tests/gpu/device/run_llm.py "$G016_ROOT/models/llama" > "$OUT/smoke.log" 2>&1
+    timeout ${TMO:-240} python3 tools/gpu/run_llm.py "$G016_ROOT/models/llama" > "$OUT/smoke.log" 2>&1
     echo "rc=$?"; grep -E "RESULT|Error|Traceback" "$OUT/smoke.log" | cut -c1-400 | tail -5 ;;
   *) echo "unknown step $s" ;;
   esac

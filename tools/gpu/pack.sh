@@ -1,7 +1,7 @@
 #!/bin/bash
-# Build the GPU payload here, from the repository root (copy this folder into the repo first, e.g. as tests/gpu/device/, since ../shared does not travel to the GPU machine):
-#   bash tests/gpu/device/pack.sh path/to/vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl [OUTDIR, default .gpu]
-#   bash tests/gpu/device/pack.sh path/to/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl .gpu26
+# Build the GPU payload here, from the repository root (copy this folder into the repo first, e.g. as tools/gpu/, since ../shared does not travel to the GPU machine):
+#   bash tools/gpu/pack.sh path/to/vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl [OUTDIR, default .gpu]
+#   bash tools/gpu/pack.sh path/to/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl .gpu26
 # The wheel lists depend on the release (read from the wheel's name): 0.20.x and 0.26.x are known;
 # the comments below say what differs from one release to the next.
 # OUTDIR (must be git-ignored: echo /.gpu/ >> .git/info/exclude) then holds
@@ -16,12 +16,12 @@
 #   c1..c3 the vLLM tree (FA2 dropped) as one xz stream, split; the sha256 sits in the last
 # Call 1 carries whl + w2 + tf4 + c1, call 2 carries c2, call 3 carries c3 + x1 (each <= 64 MiB;
 # the checkout itself travels with every call: CARRY_MB (60) + the checkout stays under 62 MiB).
-# Run it to PAY=OUTDIR bash tests/gpu/device/run.sh ... on the device (tests/gpu/device/README.md has the call plans).
+# Run it to PAY=OUTDIR bash tools/gpu/run.sh ... on the device (tools/gpu/README.md has the call plans).
 set -euo pipefail
 WHEEL=${1:?path to the vLLM CUDA wheel}
 OUT=${2:-.gpu}
 REL=$(basename "$WHEEL" | sed -E 's/^vllm-([0-9]+\.[0-9]+)\..*/\1/')
-case $REL in 0.20|0.26|0.33|0.34) ;; *) echo "no wheel lists for vLLM $REL (tests/gpu/device/pack.sh knows 0.20, 0.26, 0.33, 0.34)"; exit 1 ;; esac
+case $REL in 0.20|0.26|0.33|0.34) ;; *) echo "no wheel lists for vLLM $REL (tools/gpu/pack.sh knows 0.20, 0.26, 0.33, 0.34)"; exit 1 ;; esac
 CARRY_MB=${CARRY_MB:-60}   # per call, without the checkout (64 MiB in all; the checkout is ~1.5 MiB)
 PART_MB=${PART_MB:-$CARRY_MB}   # c2, c3, ...; c1 (FIRST_MB) is what whl/ + w2/ + tf4/ leave of CARRY_MB
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
@@ -67,7 +67,7 @@ CT=0.15.0.1; [ "$REL" != 0.20 ] && CT=0.17.0
 "${PIP[@]}" -d "$OUT"/tf4 transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2
 
 # 2. structured-output backends, imported by vllm.entrypoints.llm through class-body
-#    annotations (LazyLoader: the static scan does not see them; tests/gpu/device/README.md, find_deps.py).
+#    annotations (LazyLoader: the static scan does not see them; tools/gpu/README.md, find_deps.py).
 if [ "$REL" = 0.20 ]; then
 #    xgrammar 0.1.33 (0.2.x needs apache-tvm-ffi>=0.1.11, vLLM pins 0.1.9) is a
 #    42 MB wheel: drop its static library and strip the extension (43 MB -> 1.5 MB).
