@@ -20,7 +20,7 @@ from .errors import (CaptureContractError, CompatError, ConfigurationError, Inco
                      SelfCheckError, WorkerDiedError)
 from .core.hooks import applied_ids, apply, install, reset, revert, status
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "__version__",
