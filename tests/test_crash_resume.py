@@ -498,12 +498,7 @@ def test_two_shards_one_killed_and_resumed_equal_a_clean_run(setup, clean, tmp_p
 # -- a full disk ------------------------------------------------------------------------------
 
 
-def _can_mount_tmpfs() -> bool:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                          capture_output=True, timeout=30)
-    return proc.returncode == 0
+from tmpfs import can_mount_tmpfs as _can_mount_tmpfs  # noqa: E402
 
 
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and a private mount namespace (unshare -m) for a tmpfs")

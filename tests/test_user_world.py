@@ -145,14 +145,7 @@ def test_an_unknown_command_is_named_with_the_commands(capsys):
 from speculators_compat.run import diskfull  # noqa: E402
 
 
-def _can_mount_tmpfs() -> bool:
-    import shutil
-
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                          capture_output=True, timeout=30)
-    return proc.returncode == 0
+from tmpfs import can_mount_tmpfs as _can_mount_tmpfs  # noqa: E402
 
 
 def _samples(root: Path, n: int = 32) -> Path:
