@@ -81,25 +81,13 @@ class Terminated(BaseException):
     """Raised in the main thread by the runner's SIGTERM handler (like KeyboardInterrupt)."""
 
 
-class _Fallback(logging.StreamHandler):
-    """Prints the runner's lines to stderr when the script configured no logging (with a
-    root handler, the lines reach it by propagation and this handler stays silent)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setFormatter(logging.Formatter("%(asctime)s speculators-compat %(levelname)s: %(message)s"))
-
-    def emit(self, record):
-        if not logging.getLogger().handlers:
-            super().emit(record)
-
-
 def _log() -> logging.Logger:
-    log = logging.getLogger("speculators_compat.run")
-    if not any(isinstance(h, _Fallback) for h in log.handlers):
-        log.addHandler(_Fallback())
-        log.setLevel(logging.INFO)
-    return log
+    """The runner's logger; its INFO lines show on stderr even if the script configured no
+    logging (with a root handler, they reach it by propagation instead)."""
+    from ..core import _log as logs
+
+    logs.show("speculators_compat.run", logging.INFO)
+    return logging.getLogger("speculators_compat.run")
 
 
 def _resume_disabled() -> bool:
