@@ -104,7 +104,7 @@ def shutdown(generator) -> None:
         log.info("run: %s", summary)
     failed = bool(getattr(executor, "is_failed", False))
     try:
-        executor.shutdown()
+        removed = lifecycle.stop_executor(executor)  # also when the generator goes as a run is interrupted
     except Exception as exc:  # report, never raise from a finalizer
         log.error("executor shutdown failed: %s: %s", type(exc).__name__, exc)
     else:
@@ -115,8 +115,9 @@ def shutdown(generator) -> None:
             )
             return
         log.info(
-            "executor shut down cleanly; the workers' 'Parent process exited, terminating "
-            "worker' lines that may follow are expected"
+            "executor shut down cleanly%s; the workers' 'Parent process exited, terminating "
+            "worker' lines that may follow are expected",
+            f" (their shared memory {', '.join(removed)} removed)" if removed else "",
         )
 
 

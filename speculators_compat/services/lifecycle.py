@@ -32,7 +32,7 @@ import weakref
 
 from . import leftovers
 
-__all__ = ["track", "live", "shutdown_all", "watch_workers", "dead_workers", "real_executor",
+__all__ = ["track", "live", "shutdown_all", "stop_executor", "watch_workers", "dead_workers", "real_executor",
            "leave_ctrl_c_to_the_runner"]
 
 _live: "weakref.WeakSet" = weakref.WeakSet()
@@ -93,6 +93,16 @@ def live() -> list:
         return list(_live)
 
 
+def stop_executor(executor) -> list[str]:
+    """Shut ``executor`` down, then remove the shared-memory segments its workers had mapped and
+    made for themselves (vLLM's CPU communicator: a worker stopped by a signal never unlinks
+    them); the names removed. Raises what the executor's ``shutdown()`` raises."""
+    procs = [getattr(w, "proc", None) for w in getattr(executor, "workers", None) or ()]
+    segments = leftovers.mapped([p.pid for p in procs if p is not None and p.pid], leftovers.ANY)
+    executor.shutdown()
+    return leftovers.unlink_untracked(segments)
+
+
 def shutdown_all() -> list[str]:
     """Shut down the executor of every live generator; one description per executor.
 
@@ -103,15 +113,13 @@ def shutdown_all() -> list[str]:
         executor = generator.__dict__.pop("executor", None)
         if executor is None:
             continue
-        procs = [getattr(w, "proc", None) for w in getattr(executor, "workers", None) or ()]
-        segments = leftovers.mapped([p.pid for p in procs if p is not None and p.pid], leftovers.ANY)
+        workers = len(getattr(executor, "workers", None) or ())
         try:
-            executor.shutdown()
+            removed = stop_executor(executor)
         except Exception as exc:  # report every executor, never raise while shutting down
             done.append(f"executor shutdown failed ({type(exc).__name__}: {exc})")
         else:
-            removed = leftovers.unlink_untracked(segments)
-            done.append(f"executor shut down, {len(procs)} worker process(es) stopped"
+            done.append(f"executor shut down, {workers} worker process(es) stopped"
                         + (f", their shared memory {', '.join(removed)} removed" if removed else ""))
     return done
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+import pytest
+
 from speculators_compat.patches.features import report
 
 
@@ -48,3 +50,45 @@ def test_an_empty_call_counts_nothing(monkeypatch):
     gen = SimpleNamespace(layer_ids=[1])
     assert report._generate(lambda: [], gen, (), {}) == []
     assert report.run_summary(gen) is None
+
+
+def test_a_generator_deleted_as_a_run_is_interrupted_leaves_no_worker_shared_memory(tmp_path):
+    """A generator that goes while the runner unwinds an interrupt (its ``__del__``, not the
+    runner's shutdown) still removes the /dev/shm segments its workers made for themselves (vLLM's
+    CPU communicator: a worker stopped by a signal never unlinks them)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    name = f"vllm_dist_{uuid.uuid4().hex}-tp:0-[0-1]-cpushm_0"
+    path = f"/dev/shm/{name}"
+    with open(path, "wb") as fh:
+        fh.write(b"\0" * 4096)
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, sys, time\n"
+        f"fh = open({path!r}, 'r+b'); m = mmap.mmap(fh.fileno(), 4096)\n"
+        "print('mapped', flush=True); time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "mapped"
+
+        class _Executor:  # a vLLM executor's shape: workers with their processes; shutdown stops them
+            workers = [SimpleNamespace(proc=worker)]
+
+            def shutdown(self):
+                worker.send_signal(signal.SIGKILL)
+                worker.wait(30)
+
+        gen = _Generator()
+        gen.executor = _Executor()
+        report.shutdown(gen)
+        assert not os.path.exists(path)
+        assert "executor" not in gen.__dict__
+    finally:
+        worker.kill()
+        worker.wait(30)
+        if os.path.exists(path):
+            os.unlink(path)
