@@ -19,7 +19,7 @@ Remove when the generator asks vLLM's platform for memory (not in speculators 0.
 
 from __future__ import annotations
 
-from speculators_compat.patching import Kind, Probe, declare
+from speculators_compat.patching import GENERATOR, Probe, declare
 
 from .._ranges import SPECULATORS_03
 
@@ -63,12 +63,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-mem-get-info",
     title="device memory on the CPU platform",
     delta="torch.cuda.mem_get_info() raises without a GPU -> current_platform memory",
     api="torch.cuda.mem_get_info / vllm.platforms.current_platform",
-    kind=Kind.PLATFORM,
     speculators=SPECULATORS_03,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators asks vLLM's platform for device memory",
+    target=GENERATOR,
 )

@@ -31,9 +31,8 @@ from __future__ import annotations
 import ast
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
-from .._ranges import SPECULATORS_ALL
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 LAZY = "_LazyActivationDict"
@@ -105,14 +104,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-moe-activation",
     title="CPU fused-MoE activation built without a vLLM config",
     delta="cpu_fused_moe_torch instantiates SiluAndMul() at forward time (0.14) -> AssertionError at warm-up",
     api=f"{MOE}.{LAZY}.__missing__",
-    kind=Kind.PLATFORM,
     vllm=">=0.14,<0.15",
-    target=WORKER,
-    speculators=SPECULATORS_ALL,
     upstream="vLLM 0.15 uses SiluAndMul.forward_native (the static method) in the CPU fused MoE",
     remove_when="vLLM 0.14 is no longer supported",
 )

@@ -34,9 +34,8 @@ import ast
 import importlib
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
-from .._ranges import SPECULATORS_ALL
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 TABLE = "_CPU_MOE_ACT_FN"
@@ -108,15 +107,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-moe-silu-instance",
     title="CPU fused-MoE SiLU built as an op at every forward",
     delta="_CPU_MOE_ACT_FN[SILU] = lambda x: SiluAndMul(...).forward_native(x) (0.20-0.24) -> AssertionError at forward",
     api=f"{MOE}.{TABLE}[MoEActivation.SILU]",
-    kind=Kind.PLATFORM,
     vllm=">=0.20,<0.25",
     family="cpu-moe-activation",
-    target=WORKER,
-    speculators=SPECULATORS_ALL,
     upstream="vLLM 0.25.0 maps SiLU to the static SiluAndMul.forward_native in the CPU fused MoE",
     remove_when="vLLM 0.24 is no longer supported",
 )

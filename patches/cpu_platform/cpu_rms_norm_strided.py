@@ -36,9 +36,8 @@ from __future__ import annotations
 import ast
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Probe, Shape, declare
+from speculators_compat.patching import Probe, Shape, declare
 
-from .._ranges import SPECULATORS_ALL
 
 CUSTOM_OPS = "vllm._custom_ops"
 LAYERNORM = "vllm.model_executor.layers.layernorm"
@@ -158,14 +157,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-rms-norm-strided",
     title="CPU RMS-norm kernel with strided inputs",
     delta="_custom_ops.rms_norm: input.contiguous() dropped (0.12); the CPU kernel ignores row strides",
     api="vllm._custom_ops.rms_norm / fused_add_rms_norm on the CPU platform",
-    kind=Kind.PLATFORM,
     vllm=">=0.12,<0.14",
-    target=WORKER,
-    speculators=SPECULATORS_ALL,
     upstream="vLLM PR #28103 (0.12) dropped the contiguous call; from 0.14 CPU custom ops run forward_native",
     remove_when="vLLM 0.12.x and 0.13.x are no longer supported",
 )

@@ -18,7 +18,7 @@ Remove when speculators asks vLLM's platform for device memory.
 
 from __future__ import annotations
 
-from speculators_compat.patching import GENERATOR, Kind, Probe, declare
+from speculators_compat.patching import GENERATOR, Probe, declare
 
 from .._ranges import SPECULATORS_04
 from .cpu_mem_get_info import platform_memory
@@ -56,12 +56,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="s04-cpu-mem-get-info",
     title="device memory on the CPU platform (speculators 0.4)",
     delta="speculators.utils.util.mem_get_info() fails or gives (0, 0) without a GPU -> current_platform memory",
     api="speculators.utils.util.mem_get_info / vllm.platforms.current_platform",
-    kind=Kind.PLATFORM,
     after=("cpu-mem-get-info",),  # its speculators 0.4 twin: answers with its platform_memory
     speculators=SPECULATORS_04,
     remove_when="speculators asks vLLM's platform for device memory",
+    target=GENERATOR,
 )

@@ -21,7 +21,6 @@ import contextvars
 from speculators_compat.patching import Kind, Option, Probe, declare, render
 
 from .._probes import params, static_params
-from .._ranges import SPECULATORS_ALL
 
 DTYPE = Option("SPECULATORS_COMPAT_DTYPE", "the model dtype of every generator that is not given one")
 ENV = DTYPE.name
@@ -64,14 +63,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="dtype",
     title="dtype choice",
     delta="ModelConfig(dtype='auto') hard-coded -> VllmHiddenStatesGenerator(dtype=...) / SPECULATORS_COMPAT_DTYPE",
     api="vllm.config.ModelConfig(dtype=)",
     kind=Kind.FEATURE,
     after=("runner-v1",),  # wraps __init__ outside it
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     upstream="not in speculators 0.3.x / 0.4.x",
     remove_when="speculators exposes the dtype",
 )

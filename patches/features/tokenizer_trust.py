@@ -44,7 +44,6 @@ import logging
 from speculators_compat.patching import Kind, Probe, declare
 
 from .._probes import generate_probes
-from .._ranges import SPECULATORS_ALL
 
 log = logging.getLogger("speculators_compat")
 
@@ -117,7 +116,6 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="tokenizer-trust",
     title="the generator's tokenizer load trusts remote code like its config load",
     delta="AutoTokenizer.from_pretrained(model_path) without trust_remote_code -> trust_remote_code=True "
     "(as AutoConfig and ModelConfig already get)",
@@ -125,8 +123,6 @@ PATCH = declare(
     kind=Kind.FEATURE,
     depends_on=(),
     after=("spawn-workers",),  # wraps __init__ outside it
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators passes trust_remote_code to its tokenizer load",
 )

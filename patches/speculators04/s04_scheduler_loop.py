@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.patching import Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
 from .._idle_output import call_then_flush, flush_finished, remember_idle
 from .._probes import generate_probes
-from .._ranges import SPECULATORS_04
 
 
 def _judge(src: str) -> Probe:
@@ -75,12 +74,8 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="s04-scheduler-loop",
     title="free prefilled slots (speculators 0.4)",
     delta="loop without update_from_output keeps prefilled requests in their slots -> only max_num_seqs captured",
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x) / vllm Scheduler.schedule",
-    kind=Kind.FIX,
     after=("v5",),  # wraps Scheduler and generate outside v5 (never both: speculators 0.3 / 0.4)
-    speculators=SPECULATORS_04,
-    upstream="not fixed in speculators 0.4.0.1",
 )

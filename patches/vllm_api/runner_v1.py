@@ -109,7 +109,6 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="runner-v1",
     title="vLLM's V1 model runner (Model Runner V2 reorders rows)",
     delta="0.22: Model Runner V2 chosen automatically, rows laid out by token count -> V1 kept "
     "(VLLM_USE_V2_MODEL_RUNNER=0)",

@@ -59,13 +59,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="spawn-workers",
     title="GPU workers spawned, not forked (no 'Cannot re-initialize CUDA in forked subprocess')",
     delta="MultiprocExecutor forks the workers of a driver that touched CUDA -> they are spawned",
     api="VLLM_WORKER_MULTIPROC_METHOD / vllm.v1.executor.multiproc_executor.MultiprocExecutor",
     kind=Kind.FIX,
     depends_on=(),  # the start method vLLM itself switches to; the same on every release
-    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     upstream="-",
     remove_when="vLLM spawns GPU workers by default",

@@ -30,10 +30,9 @@ from __future__ import annotations
 import functools
 import logging
 
-from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Kind, Probe, declare
+from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Probe, declare
 
 from .._probes import vllm_module
-from .._ranges import SPECULATORS_03
 
 log = logging.getLogger("speculators_compat")
 
@@ -140,14 +139,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="v3",
     title="capture through decoder-layer hooks, vLLM's own forward unchanged",
     delta="base model get_input_embeddings -> embed_input_ids; base model path; decoder-layer arguments",
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
-    kind=Kind.DELTA,
-    vllm=">=0.11.1",
     family="capture",
     target=WORKER,
-    speculators=SPECULATORS_03,
     upstream="speculators 0.4.0 calls embed_input_ids (still replaces the forward)",
 )

@@ -135,13 +135,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="offload-captured",
     title="captured states go to pinned host memory every step (async copies)",
     delta="captured states accumulate on the device for a whole call -> host memory per step",
     api="speculators HiddenStatesWorkerExtension._store_captured_states/_get_captured_states",
     kind=Kind.PERFORMANCE,
     target=WORKER,
-    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators moves captured states off the device per step",

@@ -43,7 +43,6 @@ import time
 
 from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, lifecycle
 
-from ..._ranges import SPECULATORS_03
 from ._runtime import checking, compare, reply
 from ._runtime.plan import call_lengths
 from .results_in_place import CALLABLE, generate_and_rpc_probes
@@ -180,7 +179,6 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="self-check",
     title="the last layer's rows proven against the model's own next-token log-probs",
     delta="wrong rows (another sequence or position, shifted, captured at another point) returned silently "
     "-> SelfCheckError naming the sequence, the position and the difference",
@@ -188,7 +186,5 @@ PATCH = declare(
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
     after=("results-in-place", "guard-output"),  # checks what the guarded generate() returns
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
     upstream="not in speculators 0.3.x",
 )

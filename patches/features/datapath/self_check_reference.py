@@ -41,7 +41,6 @@ import logging
 
 from speculators_compat.patching import WORKER, Kind, Probe, applied_ids, declare
 
-from ..._ranges import SPECULATORS_03
 from ...vllm_api._runners import asked_for
 from ...vllm_api.mrv2_rows import MRV2, step_rows
 from ...vllm_api.mrv2_rows import PATCH as MRV2_ROWS
@@ -120,7 +119,6 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="self-check-reference",
     title="vLLM's own final states of the checked requests, and the log-prob comparison (workers)",
     delta="no state independent of the capture to check its rows against -> vLLM's own, where its "
     "prompt log-probs come from",
@@ -130,7 +128,5 @@ PATCH = declare(
     optional=True,  # without it the rows are unchecked, not changed
     after=("v3", "mrv2-rows"),  # hooks after v3's capture hooks; uses mrv2-rows' step layout
     target=WORKER,
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
     upstream="not in speculators 0.3.x",
 )

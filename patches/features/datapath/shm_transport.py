@@ -40,7 +40,6 @@ import os
 from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from ..._probes import source_of
-from ..._ranges import SPECULATORS_03
 from ._runtime import segments, worker
 from .offload_captured import wait_copies
 
@@ -106,13 +105,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="shm-transport",
     title="captured states through one shared-memory file (no pickling)",
     delta="collective_rpc pickles the call's captured states (GBs, < 1 GB/s) -> one /dev/shm file, mapped",
     api="speculators HiddenStatesWorkerExtension._get_captured_states",
     kind=Kind.PERFORMANCE,
     after=("offload-captured",),  # wraps _get_captured_states outside it, waits for its copies
     target=WORKER,
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
 )
