@@ -17,11 +17,11 @@ driver hands the results out), and after the call each checked sequence's tensor
 be the block that was compared; else it is sent after the call. Each worker puts the rows
 through the model's own final norm and ``compute_logits`` (vocabulary-parallel, gathered over
 vLLM's TP group) and compares the next-token log-probs with those of vLLM's own states, position
-by position (:mod:`.compare`: the measure, and what comes back -- a few numbers per
+by position (:mod:`._runtime.compare`: the measure, and what comes back -- a few numbers per
 sequence). Where the caller's layers lack the last one, the workers capture it for the checked
 sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
 position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
-:data:`.checking.DEFAULT_TOLERANCE`) raises
+:data:`._runtime.checking.DEFAULT_TOLERANCE`) raises
 :class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
 difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
 and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
@@ -69,7 +69,7 @@ probe, static_probe = generate_and_rpc_probes(_judge)
 class Comparison:
     """One call's comparison in the workers. Where the call's rows go through ``results-in-place``
     blocks it is sent, without waiting, as soon as the worker's rows are in them
-    (:meth:`send`, run by :func:`.reply.when_written`): the workers compare while the driver hands
+    (:meth:`send`, run by :func:`._runtime.reply.when_written`): the workers compare while the driver hands
     the results out, and :meth:`result` first proves that each checked sequence's tensor is the
     block that was compared. Otherwise :meth:`result` sends the caller's own tensors after the call."""
 

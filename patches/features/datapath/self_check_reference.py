@@ -15,7 +15,7 @@ where the caller did not ask for the last layer, cut as the stock code cuts the 
 driver's ``collective_rpc`` then hands every rank the caller's rows; each puts them through the
 final norm, then them and vLLM's own (normed) rows through the model's ``compute_logits`` (the
 same on every rank: the logits are gathered over vLLM's TP group) and the gathering rank replies with a
-few numbers per sequence (:mod:`.compare`). Nothing is recorded, and every
+few numbers per sequence (:mod:`._runtime.compare`). Nothing is recorded, and every
 hook returns at once, while no call is armed.
 
 Under Model Runner V2 (vLLM 0.34: the only runner; 0.26 - 0.33 with ``VLLM_USE_V2_MODEL_RUNNER=1``)
