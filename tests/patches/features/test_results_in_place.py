@@ -257,31 +257,50 @@ def test_a_segment_no_worker_mapped_is_removed_at_close_and_at_exit(shm):
     assert os.listdir(shm) == []
 
 
+def watch_waits(pool, order):
+    """Note each wait of ``pool`` for held results in ``order`` (``"wait"``); the event returned is
+    set at the first (a thread that frees results once the pool waits for them)."""
+    import threading
+
+    waiting = threading.Event()
+    real = pool._cond.wait
+
+    def wait(timeout=None):
+        order.append("wait")
+        waiting.set()
+        return real(timeout)
+
+    pool._cond.wait = wait
+    return waiting
+
+
 def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
     import gc
     import threading
-    import time
 
     pool = pools.Pool()
+    order = []
+    waiting = watch_waits(pool, order)
     held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
     nbytes = pools.layout([8], 3, 24, 2)[1]
     limit = 2 * pools.SEGMENT_QUANTUM
     # nothing was ever freed: a caller that keeps its results is not waited for
     seg = pool.acquire(nbytes, limit)
-    assert pool.waited_s < 0.5
+    assert order == []
     pool.release(seg)
     held.pop()
     gc.collect()  # one freed: the caller frees results (saves them); now a call over the limit waits
 
-    def free_later():
-        time.sleep(0.6)
+    def free_when_waited_for():
+        waiting.wait(timeout=30)
+        order.append("freed")
         held.pop(0)
         gc.collect()
 
-    threading.Thread(target=free_later).start()
-    before = pool.waited_s
+    threading.Thread(target=free_when_waited_for).start()
     seg = pool.acquire(nbytes, limit)
-    assert 0.4 < pool.waited_s - before < 5
+    order.append("acquired")
+    assert order[0] == "wait" and order.index("freed") < order.index("acquired")  # it waited for the free
     pool.release(seg)
 
 
@@ -310,9 +329,12 @@ def _cycle_case(gc, threading):
     cycle.append(cycle)  # dropped, but only the collector frees it
     del cycle
     seen = {}
+    order = []
+    watch_waits(pool, order)
     real_collect = gc.collect
 
     def collect(*args):
+        order.append("collect")
         other = threading.Thread(target=lambda: seen.setdefault("held", pool.held_bytes()))
         other.start()
         other.join(timeout=5)  # would time out if the pool's lock were held across the collection
@@ -328,7 +350,9 @@ def _cycle_case(gc, threading):
     finally:
         gc.enable()
     assert seen.get("joined") is True and "held" in seen
-    assert pool.waited_s < 0.5 and pool.held_bytes() == 2 * pools.SEGMENT_QUANTUM  # one held, this call's
+    # it waited, collected once, and the collection freed the room: no wait after it
+    assert order[0] == "wait" and order.count("collect") == 1 and order[-1] == "collect"
+    assert pool.held_bytes() == 2 * pools.SEGMENT_QUANTUM  # one held, this call's
     pool.release(seg)
     del held
 
@@ -340,7 +364,6 @@ def test_a_caller_that_is_freeing_results_is_waited_for_without_a_collection(shm
     waited 25 s of 30 for held results that way). Fails on the code that collected at every wait."""
     import gc
     import threading
-    import time
 
     pool = pools.Pool()
     held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
@@ -350,16 +373,21 @@ def test_a_caller_that_is_freeing_results_is_waited_for_without_a_collection(shm
     gc.collect()  # one freed: from now on the pool waits for held results
     collections = []
     monkeypatch.setattr(pools.gc, "collect", lambda *a: collections.append(a) or 0)
+    monkeypatch.setattr(pools, "COLLECT_AFTER_S", 60.0)  # a slow thread start is no reason to collect here
+    order = []
+    waiting = watch_waits(pool, order)
 
     def save_one():
-        time.sleep(pools.COLLECT_AFTER_S / 3)
+        waiting.wait(timeout=30)
+        order.append("freed")
         held.pop(0)  # the saving thread drops the sample: its block is freed at once
 
     saver = threading.Thread(target=save_one)
     saver.start()
     seg = pool.acquire(nbytes, limit)
+    order.append("acquired")
     saver.join()
-    assert collections == [] and 0.02 < pool.waited_s < pools.COLLECT_AFTER_S
+    assert collections == [] and order[0] == "wait" and order.index("freed") < order.index("acquired")
     pool.release(seg)
 
 
@@ -378,8 +406,10 @@ def test_results_of_a_large_call_still_held_do_not_make_smaller_calls_wait(shm):
         gc.collect()
     assert pool.held_bytes() > pools.held_results_limit(small)  # counted in small calls, it would wait
     assert pool.largest_call > 5 * pools.SEGMENT_QUANTUM
+    order = []
+    watch_waits(pool, order)
     seg = pool.acquire(small, pools.held_results_limit(max(small, pool.largest_call)))
-    assert pool.waited_s < 0.5 and kept  # no wait, the large results still held
+    assert order == [] and kept  # no wait, the large results still held
     pool.release(seg)
 
 
