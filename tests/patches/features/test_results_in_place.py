@@ -257,6 +257,23 @@ def test_a_segment_no_worker_mapped_is_removed_at_close_and_at_exit(shm):
     assert os.listdir(shm) == []
 
 
+#: one small call's segment, and a held-results limit of two segments: three small calls' results exceed it
+SMALL_CALL = pools.layout([8], 3, 24, 2)[1]
+TWO_SEGMENTS = 2 * pools.SEGMENT_QUANTUM
+
+
+def hold_three(pool, freed: int = 0) -> list:
+    """Three small calls' results, held by the caller (a list); ``freed`` of them freed since (a
+    caller that frees results: from then on the pool waits for those it holds)."""
+    import gc
+
+    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
+    if freed:
+        del held[-freed:]
+        gc.collect()
+    return held
+
+
 def watch_waits(pool, order):
     """Note each wait of ``pool`` for held results in ``order`` (``"wait"``); the event returned is
     set at the first (a thread that frees results once the pool waits for them)."""
@@ -281,9 +298,8 @@ def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
     pool = pools.Pool()
     order = []
     waiting = watch_waits(pool, order)
-    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
-    nbytes = pools.layout([8], 3, 24, 2)[1]
-    limit = 2 * pools.SEGMENT_QUANTUM
+    held = hold_three(pool)
+    nbytes, limit = SMALL_CALL, TWO_SEGMENTS
     # nothing was ever freed: a caller that keeps its results is not waited for
     seg = pool.acquire(nbytes, limit)
     assert order == []
@@ -320,11 +336,8 @@ def test_results_dropped_in_a_reference_cycle_are_collected_without_holding_the_
 
 def _cycle_case(gc, threading):
     pool = pools.Pool()
-    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
-    nbytes = pools.layout([8], 3, 24, 2)[1]
-    limit = 2 * pools.SEGMENT_QUANTUM
-    held.pop()
-    gc.collect()  # one freed: from now on the pool waits for held results
+    held = hold_three(pool, freed=1)
+    nbytes, limit = SMALL_CALL, TWO_SEGMENTS
     cycle = [held.pop()]
     cycle.append(cycle)  # dropped, but only the collector frees it
     del cycle
@@ -362,15 +375,11 @@ def test_a_caller_that_is_freeing_results_is_waited_for_without_a_collection(shm
     without running the collector: a full collection in a process with vLLM loaded holds the GIL
     for a good part of a second, and the saving threads with it (the 1.2B stock run on an H100
     waited 25 s of 30 for held results that way). Fails on the code that collected at every wait."""
-    import gc
     import threading
 
     pool = pools.Pool()
-    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
-    nbytes = pools.layout([8], 3, 24, 2)[1]
-    limit = 2 * pools.SEGMENT_QUANTUM
-    held.pop()
-    gc.collect()  # one freed: from now on the pool waits for held results
+    held = hold_three(pool, freed=1)
+    nbytes, limit = SMALL_CALL, TWO_SEGMENTS
     collections = []
     monkeypatch.setattr(pools.gc, "collect", lambda *a: collections.append(a) or 0)
     monkeypatch.setattr(pools, "COLLECT_AFTER_S", 60.0)  # a slow thread start is no reason to collect here
