@@ -1,5 +1,6 @@
 """Helpers for writing probes: where the stock code's vLLM names live, signatures read at runtime
-or from the installed sources, and the probes of a patch that wraps generator methods."""
+or from the installed sources, the gate of a patch of vLLM's CPU platform, and the probes of a patch
+that wraps generator methods."""
 
 from __future__ import annotations
 
@@ -24,6 +25,23 @@ STOCK_IMPORTS = {
     "MultiprocExecutor": "vllm.v1.executor.multiproc_executor",
     "Request": "vllm.v1.request",
 }
+
+
+#: what a patch of vLLM's CPU platform finds on another build, read from the installed distribution
+NOT_CPU_BUILD = "not a CPU build of vLLM (from its distribution name and version)"
+
+
+def off_cpu() -> Probe | None:
+    """``Probe.old`` naming vLLM's platform where it is not the CPU, for a patch of the CPU platform
+    only; ``None`` on the CPU (the patch's own probe decides)."""
+    from vllm.platforms import current_platform
+
+    return None if current_platform.is_cpu() else Probe.old(f"vLLM platform {type(current_platform).__name__}")
+
+
+def off_cpu_static(view) -> Probe | None:
+    """:func:`off_cpu` read from the installed sources: ``Probe.old`` where vLLM is not a CPU build."""
+    return None if view.cpu else Probe.old(NOT_CPU_BUILD)
 
 
 def params(obj: Any) -> dict[str, inspect.Parameter]:

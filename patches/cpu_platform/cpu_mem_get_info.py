@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import GENERATOR, Probe, declare
 
+from .._probes import NOT_CPU_BUILD
 from .._ranges import SPECULATORS_03
 
 
@@ -45,7 +46,7 @@ def probe(module) -> Probe:
 def static_probe(view) -> Probe:
     if view.cpu:
         return Probe.new("a CPU build of vLLM: torch.cuda.mem_get_info has no device to ask")
-    return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    return Probe.old(NOT_CPU_BUILD)
 
 
 def _mem_get_info(wrapped, instance, args, kwargs):

@@ -33,6 +33,8 @@ import inspect
 
 from speculators_compat.patching import Probe, declare
 
+from .._probes import off_cpu, off_cpu_static
+
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 LAZY = "_LazyActivationDict"
@@ -46,10 +48,9 @@ def _module():
 
 
 def probe(module) -> Probe:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    gate = off_cpu()
+    if gate is not None:
+        return gate
     try:
         moe = _module()
     except ModuleNotFoundError as exc:
@@ -64,8 +65,9 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    gate = off_cpu_static(view)
+    if gate is not None:
+        return gate
     if view.vllm.module_file(MOE) is None:
         if view.vllm.found:  # vLLM is there, the module is gone (0.29 nightlies): no lazy dict either
             return _judge(False, "", "")

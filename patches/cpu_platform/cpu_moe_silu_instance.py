@@ -36,6 +36,8 @@ import inspect
 
 from speculators_compat.patching import Probe, declare
 
+from .._probes import off_cpu, off_cpu_static
+
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 TABLE = "_CPU_MOE_ACT_FN"
@@ -74,10 +76,9 @@ def _judge(tree: ast.Module) -> Probe:
 
 
 def probe(module) -> Probe:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    gate = off_cpu()
+    if gate is not None:
+        return gate
     try:
         moe = importlib.import_module(MOE)
     except ModuleNotFoundError as exc:
@@ -88,8 +89,9 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    gate = off_cpu_static(view)
+    if gate is not None:
+        return gate
     tree = view.vllm.tree(MOE)
     if tree is None:
         if view.vllm.found:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import GENERATOR, Probe, declare
 
+from .._probes import NOT_CPU_BUILD
 from .._ranges import SPECULATORS_04
 from .cpu_mem_get_info import platform_memory
 
@@ -40,7 +41,7 @@ def static_probe(view) -> Probe:
         return Probe.unknown("the generator module has no mem_get_info")
     if view.cpu:
         return Probe.new("a CPU build of vLLM: speculators' mem_get_info finds no accelerator")
-    return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    return Probe.old(NOT_CPU_BUILD)
 
 
 def _mem_get_info(wrapped, instance, args, kwargs):
