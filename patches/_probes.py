@@ -5,6 +5,7 @@ that wraps generator methods."""
 from __future__ import annotations
 
 import inspect
+from operator import attrgetter
 from typing import Any
 
 from speculators_compat.patching import GENERATOR, WORKER, Edit, Probe
@@ -91,6 +92,20 @@ def keyword_patch(cls: str, name: str, value: Any, judge, *, callers_choice: boo
         patcher.wrap(module, cls, forced)
 
     return probe, static_probe, apply, {cls: Edit(add=(name,))}
+
+
+def wrapping(wrappers: dict[str, Any]):
+    """``apply`` of a patch that only wraps names of its target: ``wrappers`` maps each name
+    (``"Scheduler"``) or method (``"VllmHiddenStatesGenerator.__init__"``) to its wrapper, wrapped in
+    that order. Its ``wraps`` are the names, for the readers of what a patch touches."""
+
+    def apply(module, patcher) -> None:
+        for path, wrapper in wrappers.items():
+            owner, _, name = path.rpartition(".")
+            patcher.wrap(attrgetter(owner)(module) if owner else module, name, wrapper)
+
+    apply.wraps = tuple(wrappers)
+    return apply
 
 
 def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> Probe:

@@ -29,6 +29,8 @@ import re
 
 from speculators_compat.patching import GENERATOR, Probe, declare
 
+from .._probes import wrapping
+
 
 CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
 BACKEND = "CPUAttentionBackend"
@@ -106,8 +108,7 @@ def _cache_config(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "CacheConfig", _cache_config)
+apply = wrapping({"CacheConfig": _cache_config})
 
 
 PATCH = declare(

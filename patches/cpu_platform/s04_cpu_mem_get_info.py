@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import GENERATOR, Probe, declare
 
-from .._probes import NOT_CPU_BUILD
+from .._probes import NOT_CPU_BUILD, wrapping
 from .._ranges import SPECULATORS_04
 from .cpu_mem_get_info import platform_memory
 
@@ -52,8 +52,7 @@ def _mem_get_info(wrapped, instance, args, kwargs):
     return platform_memory()
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "mem_get_info", _mem_get_info)
+apply = wrapping({"mem_get_info": _mem_get_info})
 
 
 PATCH = declare(

@@ -31,6 +31,8 @@ import os
 
 from speculators_compat.patching import Kind, Probe, declare
 
+from .._probes import wrapping
+
 
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
 #: the most torch threads put back (see the docstring's measurement)
@@ -75,8 +77,7 @@ def _init(wrapped, instance, args, kwargs):
                 "driver-threads: torch threads %d -> %d in the generator's process", now, want)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({"VllmHiddenStatesGenerator.__init__": _init})
 
 
 PATCH = declare(

@@ -20,7 +20,7 @@ import contextvars
 
 from speculators_compat.patching import Kind, Option, Probe, declare, render
 
-from .._probes import params, static_params
+from .._probes import params, static_params, wrapping
 
 DTYPE = Option("SPECULATORS_COMPAT_DTYPE", "the model dtype of every generator that is not given one")
 ENV = DTYPE.name
@@ -57,9 +57,7 @@ def _model_config(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "ModelConfig", _model_config)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({"ModelConfig": _model_config, "VllmHiddenStatesGenerator.__init__": _init})
 
 
 PATCH = declare(

@@ -43,7 +43,7 @@ import logging
 
 from speculators_compat.patching import Kind, Probe, declare
 
-from .._probes import generate_probes
+from .._probes import generate_probes, wrapping
 
 log = logging.getLogger("speculators_compat")
 
@@ -110,9 +110,10 @@ def _from_pretrained(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.AutoTokenizer, "from_pretrained", _from_pretrained)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({
+    "AutoTokenizer.from_pretrained": _from_pretrained,
+    "VllmHiddenStatesGenerator.__init__": _init,
+})
 
 
 PATCH = declare(

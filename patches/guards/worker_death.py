@@ -57,7 +57,7 @@ import weakref
 
 from speculators_compat.patching import Probe, WorkerDiedError, declare, leftovers, lifecycle
 
-from .._probes import generator_members, source_of, vllm_module
+from .._probes import generator_members, source_of, vllm_module, wrapping
 
 log = logging.getLogger("speculators_compat")
 
@@ -255,10 +255,11 @@ def _generate(wrapped, instance, args, kwargs):
         raise
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "MultiprocExecutor", _executor)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({
+    "MultiprocExecutor": _executor,
+    "VllmHiddenStatesGenerator.__init__": _init,
+    "VllmHiddenStatesGenerator.generate": _generate,
+})
 
 
 PATCH = declare(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import Probe, declare
 
-from .._probes import generate_probes
+from .._probes import generate_probes, wrapping
 
 MARK = "sorted(request_id_to_idx"
 
@@ -48,8 +48,7 @@ def _generate(wrapped, instance, args, kwargs):
     return ordered
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({"VllmHiddenStatesGenerator.generate": _generate})
 
 
 PATCH = declare(

@@ -25,7 +25,7 @@ import wrapt
 from speculators_compat.patching import Probe, declare
 
 from .._idle_output import call_then_flush, flush_finished, remember_idle
-from .._probes import generate_probes
+from .._probes import generate_probes, wrapping
 
 
 def _judge(src: str) -> Probe:
@@ -68,9 +68,7 @@ def _generate(wrapped, instance, args, kwargs):
     return call_then_flush(wrapped, args, kwargs, flush)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "Scheduler", _scheduler)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({"Scheduler": _scheduler, "VllmHiddenStatesGenerator.generate": _generate})
 
 
 PATCH = declare(

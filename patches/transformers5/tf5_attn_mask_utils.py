@@ -37,7 +37,7 @@ import types
 
 from speculators_compat.patching import SPECULATORS_CONFIG, CompatError, Probe, declare
 
-from .._probes import transformers_version
+from .._probes import transformers_version, wrapping
 
 REMOVED = "transformers.modeling_attn_mask_utils"
 FUNCTION = "_prepare_4d_causal_attention_mask"
@@ -109,8 +109,7 @@ def _reload_and_populate(wrapped, instance, args, kwargs):
             del sys.modules[REMOVED]
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "reload_and_populate_configs", _reload_and_populate)
+apply = wrapping({"reload_and_populate_configs": _reload_and_populate})
 
 
 PATCH = declare(

@@ -25,6 +25,7 @@ import os
 
 from speculators_compat.patching import Kind, Probe, declare
 
+from .._probes import wrapping
 from .._ranges import SPECULATORS_ALL
 
 VAR = "VLLM_WORKER_MULTIPROC_METHOD"
@@ -54,8 +55,7 @@ def _init(wrapped, instance, args, kwargs):
         os.environ.pop(VAR, None)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({"VllmHiddenStatesGenerator.__init__": _init})
 
 
 PATCH = declare(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import Edit, Probe, declare, render, required
 
-from .._probes import params, static_params
+from .._probes import params, static_params, wrapping
 
 
 def _judge(sched) -> Probe:
@@ -50,8 +50,7 @@ def _scheduler(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "Scheduler", _scheduler)
+apply = wrapping({"Scheduler": _scheduler})
 
 
 PATCH = declare(

@@ -32,7 +32,7 @@ import logging
 
 from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Probe, declare
 
-from .._probes import vllm_module
+from .._probes import vllm_module, wrapping
 
 log = logging.getLogger("speculators_compat")
 
@@ -134,8 +134,7 @@ def _setup(wrapped, instance, args, kwargs):
     )
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
+apply = wrapping({"HiddenStatesWorkerExtension._setup_hidden_states_capture": _setup})
 
 
 PATCH = declare(

@@ -26,7 +26,7 @@ import wrapt
 
 from speculators_compat.patching import CaptureContractError, Deferred, Probe, declare, render
 
-from .._probes import params, static_params, vllm_module
+from .._probes import params, static_params, vllm_module, wrapping
 
 CONTRACT = "Returns single result if unique_reply_rank"
 
@@ -80,8 +80,7 @@ def _executor(wrapped, instance, args, kwargs):
     return ReplyListExecutor(wrapped(*args, **kwargs))
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "MultiprocExecutor", _executor)
+apply = wrapping({"MultiprocExecutor": _executor})
 
 
 PATCH = declare(

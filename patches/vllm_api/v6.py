@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import Edit, Probe, StaticView, declare, render, stock_calls
 
-from .._probes import params, static_params
+from .._probes import params, static_params, wrapping
 from .._ranges import SPECULATORS_ALL
 
 DROPPED = "eos_token_id"
@@ -80,8 +80,7 @@ def _request(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "Request", _request)
+apply = wrapping({"Request": _request})
 
 
 PATCH = declare(

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import Probe, declare, render
 
-from .._probes import params, vllm_module
+from .._probes import params, vllm_module, wrapping
 from .._ranges import SPECULATORS_ALL
 
 UTILS = "vllm.v1.attention.backends.utils"
@@ -122,8 +122,7 @@ def _executor(wrapped, instance, args, kwargs):
     return executor
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "MultiprocExecutor", _executor)
+apply = wrapping({"MultiprocExecutor": _executor})
 
 
 PATCH = declare(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import WORKER, Kind, Probe, declare
 
+from ..._probes import wrapping
 from ..._ranges import SPECULATORS_ALL
 
 METHOD = "_store_captured_states"
@@ -129,9 +130,10 @@ def _get(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.HiddenStatesWorkerExtension, METHOD, _store)
-    patcher.wrap(module.HiddenStatesWorkerExtension, GET, _get)
+apply = wrapping({
+    f"HiddenStatesWorkerExtension.{METHOD}": _store,
+    f"HiddenStatesWorkerExtension.{GET}": _get,
+})
 
 
 PATCH = declare(

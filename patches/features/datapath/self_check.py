@@ -43,6 +43,7 @@ import time
 
 from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, lifecycle
 
+from ..._probes import wrapping
 from ._runtime import checking, compare, reply
 from ._runtime.plan import call_lengths
 from .results_in_place import CALLABLE, generate_and_rpc_probes
@@ -174,8 +175,7 @@ def _generate(wrapped, instance, args, kwargs):
     return results
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({"VllmHiddenStatesGenerator.generate": _generate})
 
 
 PATCH = declare(

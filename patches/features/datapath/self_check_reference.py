@@ -41,6 +41,7 @@ import logging
 
 from speculators_compat.patching import WORKER, Kind, Probe, applied_ids, declare
 
+from ..._probes import wrapping
 from ...vllm_api._runners import asked_for
 from ...vllm_api.mrv2_rows import MRV2, step_rows
 from ...vllm_api.mrv2_rows import PATCH as MRV2_ROWS
@@ -114,8 +115,7 @@ def _setup(wrapped, instance, args, kwargs):
     return result
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
+apply = wrapping({"HiddenStatesWorkerExtension._setup_hidden_states_capture": _setup})
 
 
 PATCH = declare(
