@@ -2,7 +2,9 @@
 
 Every module of the groups below that defines ``PATCH`` (a :class:`~speculators_compat.patching.Patch`)
 is registered (:mod:`speculators_compat.core.discovery`); its file name is its id, with ``_`` for
-``-``, and its docstring gives the delta, how it is detected, and when it can be removed. Within
+``-``, and its docstring gives the delta, how it is detected, and when it can be removed. What the
+patches of a group share (their kind, ranges, target) is the group's ``PATCH_DEFAULTS``, which
+``declare`` fills in where a declaration does not name it. Within
 one target module, a patch applies after the patches its ``after=`` names, and so wraps them (the
 guards wrap the repaired generator): ``after=`` is declared where a patch wraps a name another
 patch touched, or uses its module; patches that ``after=`` does not order apply in the order of

@@ -1,9 +1,11 @@
 """Helpers for writing probes: where the stock code's vLLM names live, signatures read at runtime
-or from the installed sources, and the probes of a patch that wraps generator methods."""
+or from the installed sources, the gate of a patch of vLLM's CPU platform, and the probes of a patch
+that wraps generator methods."""
 
 from __future__ import annotations
 
 import inspect
+from operator import attrgetter
 from typing import Any
 
 from speculators_compat.patching import GENERATOR, WORKER, Edit, Probe
@@ -24,6 +26,23 @@ STOCK_IMPORTS = {
     "MultiprocExecutor": "vllm.v1.executor.multiproc_executor",
     "Request": "vllm.v1.request",
 }
+
+
+#: what a patch of vLLM's CPU platform finds on another build, read from the installed distribution
+NOT_CPU_BUILD = "not a CPU build of vLLM (from its distribution name and version)"
+
+
+def off_cpu() -> Probe | None:
+    """``Probe.old`` naming vLLM's platform where it is not the CPU, for a patch of the CPU platform
+    only; ``None`` on the CPU (the patch's own probe decides)."""
+    from vllm.platforms import current_platform
+
+    return None if current_platform.is_cpu() else Probe.old(f"vLLM platform {type(current_platform).__name__}")
+
+
+def off_cpu_static(view) -> Probe | None:
+    """:func:`off_cpu` read from the installed sources: ``Probe.old`` where vLLM is not a CPU build."""
+    return None if view.cpu else Probe.old(NOT_CPU_BUILD)
 
 
 def params(obj: Any) -> dict[str, inspect.Parameter]:
@@ -73,6 +92,20 @@ def keyword_patch(cls: str, name: str, value: Any, judge, *, callers_choice: boo
         patcher.wrap(module, cls, forced)
 
     return probe, static_probe, apply, {cls: Edit(add=(name,))}
+
+
+def wrapping(wrappers: dict[str, Any]):
+    """``apply`` of a patch that only wraps names of its target: ``wrappers`` maps each name
+    (``"Scheduler"``) or method (``"VllmHiddenStatesGenerator.__init__"``) to its wrapper, wrapped in
+    that order. Its ``wraps`` are the names, for the readers of what a patch touches."""
+
+    def apply(module, patcher) -> None:
+        for path, wrapper in wrappers.items():
+            owner, _, name = path.rpartition(".")
+            patcher.wrap(attrgetter(owner)(module) if owner else module, name, wrapper)
+
+    apply.wraps = tuple(wrappers)
+    return apply
 
 
 def generator_methods(what: str, methods: tuple[str, ...], found: set[str]) -> Probe:

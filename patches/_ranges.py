@@ -9,5 +9,7 @@ SPECULATORS_03 = ">=0.3.0,<0.4"
 SPECULATORS_04 = ">=0.4.0,<0.5"
 #: the library's own guards and options serve every speculators release with the generator
 SPECULATORS_ALL = ">=0.3.0,<0.5"
+#: vLLM 0.11.1 and later: the two-phase execution (``execute_model``, then ``sample_tokens``)
+VLLM_TWO_PHASE = ">=0.11.1"
 
-__all__ = ["SPECULATORS_03", "SPECULATORS_04", "SPECULATORS_ALL"]
+__all__ = ["SPECULATORS_03", "SPECULATORS_04", "SPECULATORS_ALL", "VLLM_TWO_PHASE"]

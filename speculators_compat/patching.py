@@ -61,13 +61,17 @@ FROM_THE_MODULE = ("probe", "static_probe", "apply")
 
 
 def declare(**fields: Any) -> Patch:
-    """A patch module's ``PATCH``: a :class:`Patch` of ``fields``, where the module's own ``probe``,
-    ``static_probe`` and ``apply`` are taken from it unless named, the target is the stock
-    generator's module unless named (:data:`GENERATOR`), and the side follows the target (the
-    workers' for :data:`WORKER`, else the driver's). A patch for one speculators line (``>=0.3.0,<0.4``)
-    is removed, unless ``remove_when=`` says otherwise, when that line is no longer supported, and
-    its ``upstream`` is, unless named, that the line does not fix it."""
+    """A patch module's ``PATCH``: a :class:`Patch` of ``fields``, filled in where the declaration
+    does not name them. The id is the module's name, with ``-`` for ``_``. The module's own ``probe``,
+    ``static_probe`` and ``apply`` are taken from it. What its group repeats is its group's
+    ``PATCH_DEFAULTS`` (a dict in the package's ``__init__``; a package inside a group may add its
+    own). The target is the stock generator's module (:data:`GENERATOR`), and the side follows the
+    target (the workers' for :data:`WORKER`, else the driver's). A patch for one speculators line
+    (``>=0.3.0,<0.4``) is removed, unless ``remove_when=`` says otherwise, when that line is no longer
+    supported, and its ``upstream`` is, unless named, that the line does not fix it."""
     module = sys._getframe(1).f_globals
+    fields = {**group_defaults(module.get("__package__") or ""), **fields}
+    fields.setdefault("id", module["__name__"].rpartition(".")[2].replace("_", "-"))
     for name in FROM_THE_MODULE:
         if name not in fields and name in module:
             fields[name] = module[name]
@@ -78,6 +82,16 @@ def declare(**fields: Any) -> Patch:
         fields.setdefault("remove_when", f"speculators {line} is no longer supported")
         fields.setdefault("upstream", f"not fixed in speculators {line}")
     return Patch(**fields)
+
+
+def group_defaults(package: str) -> dict[str, Any]:
+    """The ``PATCH_DEFAULTS`` of ``package`` and the packages above it, the innermost winning."""
+    found: dict[str, Any] = {}
+    parts = package.split(".") if package else []
+    for i in range(1, len(parts) + 1):
+        above = sys.modules.get(".".join(parts[:i]))
+        found.update(getattr(above, "__dict__", {}).get("PATCH_DEFAULTS", {}))
+    return found
 
 
 def speculators_line(releases: str) -> str | None:

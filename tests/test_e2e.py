@@ -195,11 +195,11 @@ def test_stock_generator_runs_correctly_with_the_shim(build, tmp_path, name):
         "duplicate layer": "layer id(s) 2 given more than once",
     }.items():
         assert built[case]["error"].startswith("InvalidInputError: ") and fragment in built[case]["error"], built[case]
-        assert not built[case]["stock_started"] and built[case]["seconds"] < 1.0, built[case]  # before any load
+        assert not built[case]["stock_started"], built[case]  # refused before the stock code began to load
     # a hub-id-shaped name: offline here (tox sets HF_HUB_OFFLINE=1) and not in the hub cache, named at once
     hub = built["hub id"]
     assert hub["error"].startswith("InvalidInputError: model path 'speculators-compat-test/no-such-model'"), hub
-    assert "HF_HUB_OFFLINE=1" in hub["error"] and not hub["stock_started"] and hub["seconds"] < 1.0, hub
+    assert "HF_HUB_OFFLINE=1" in hub["error"] and not hub["stock_started"], hub
 
 
 def self_check_expected() -> bool:

@@ -9,7 +9,7 @@ patch module that returns one become the module's name. An owner this reading ca
 as ``<patch module>:<source text>`` (it then matches only itself). The names of a loop over a
 module-level dict (``for method, wrapper in WRAPPERS.items()``) are the dict's keys; the
 ``generator_patch(what, WRAPPERS)`` helper of ``patches/_probes.py`` wraps the generator class's
-methods named by its dict.
+methods named by its dict; an ``apply = wrapping({...})`` (the same module) names what it wraps.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ class Touch:
 
 def touches(patch) -> set[Touch]:
     """What ``patch``'s apply wraps, defines or sets, read from its module's source."""
+    wraps = getattr(patch.apply, "wraps", None)
+    if wraps is not None:  # apply = wrapping({...}) of patches/_probes.py: the names it wraps
+        return {Touch("wrap", ".".join([patch.target, *path.split(".")[:-1]]), path.rpartition(".")[2])
+                for path in wraps}
     module = importlib.import_module(_module_of(patch))
     tree = ast.parse(inspect.getsource(module))
     reader = _Reader(module, tree, patch.target)

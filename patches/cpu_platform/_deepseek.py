@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from speculators_compat.patching import Probe, Shape
 
+from .._probes import off_cpu, off_cpu_static
+
 #: the class the DeepSeek-V2/V3 (and Kimi-K2) architectures run as in vLLM
 DEEPSEEK = ("vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM")
 NO_DEEPSEEK = ("the stock worker extension refuses DeepSeek-architecture models, the only ones this delta reaches "
@@ -47,15 +49,11 @@ def deepseek_unreachable_static(view) -> Probe | None:
 def cpu_deepseek_gate() -> Probe | None:
     """``Probe.old`` off vLLM's CPU platform or where DeepSeek models never reach the CPU kernel
     (:func:`deepseek_unreachable`); ``None``: the patch's own probe decides."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
-    return deepseek_unreachable()
+    gate = off_cpu()
+    return gate if gate is not None else deepseek_unreachable()
 
 
 def cpu_deepseek_gate_static(view) -> Probe | None:
     """:func:`cpu_deepseek_gate` read from the installed sources."""
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
-    return deepseek_unreachable_static(view)
+    gate = off_cpu_static(view)
+    return gate if gate is not None else deepseek_unreachable_static(view)

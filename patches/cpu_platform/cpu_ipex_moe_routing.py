@@ -44,9 +44,8 @@ from __future__ import annotations
 import inspect
 import platform
 
-from speculators_compat.patching import WORKER, Kind, Probe, Shape, declare
+from speculators_compat.patching import Probe, Shape, declare
 
-from .._ranges import SPECULATORS_ALL
 from ._deepseek import cpu_deepseek_gate, cpu_deepseek_gate_static
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
@@ -196,14 +195,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-ipex-moe-routing",
     title="IPEX grouped top-k routing of the 0.11.x x86 CPU MoE",
     delta="0.11.x x86 CPU MoE runs IPEX GatedMLPMOE, whose grouped_topk puts the e_score_correction_bias into the weights",
     api=f"{MOE}.IPEXFusedMOE.__call__",
-    kind=Kind.PLATFORM,
-    target=WORKER,
     vllm=">=0.11.1,<0.12",
-    speculators=SPECULATORS_ALL,
     upstream="vLLM 0.12 dropped IPEXFusedMOE: every CPU runs vLLM's own CPUFusedMOE (grouped_topk as in vLLM)",
     remove_when="vLLM 0.11.x is no longer supported",
 )

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import contextvars
 
-from speculators_compat.patching import WORKER, Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
-from .._ranges import SPECULATORS_ALL
 
 KIMI = "vllm.model_executor.models.kimi_k25"
 CLASS = "KimiK25ForConditionalGeneration"
@@ -88,14 +87,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-kimi-k25-device",
     title="Kimi-K2.5's device on the CPU platform (vLLM 0.15)",
     delta="KimiK25ForConditionalGeneration: torch.cuda.current_device() -> current_platform.current_device() (0.16)",
     api=f"{KIMI}.{CLASS}.__init__",
-    kind=Kind.PLATFORM,
     vllm=">=0.15,<0.16",
-    target=WORKER,
-    speculators=SPECULATORS_ALL,
     upstream="fixed in vLLM 0.16.0 (current_platform.current_device())",
     remove_when="vLLM 0.15.x is no longer supported",
 )

@@ -19,8 +19,9 @@ Remove when the generator asks vLLM's platform for memory (not in speculators 0.
 
 from __future__ import annotations
 
-from speculators_compat.patching import Kind, Probe, declare
+from speculators_compat.patching import GENERATOR, Probe, declare
 
+from .._probes import NOT_CPU_BUILD
 from .._ranges import SPECULATORS_03
 
 
@@ -45,7 +46,7 @@ def probe(module) -> Probe:
 def static_probe(view) -> Probe:
     if view.cpu:
         return Probe.new("a CPU build of vLLM: torch.cuda.mem_get_info has no device to ask")
-    return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    return Probe.old(NOT_CPU_BUILD)
 
 
 def _mem_get_info(wrapped, instance, args, kwargs):
@@ -63,12 +64,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-mem-get-info",
     title="device memory on the CPU platform",
     delta="torch.cuda.mem_get_info() raises without a GPU -> current_platform memory",
     api="torch.cuda.mem_get_info / vllm.platforms.current_platform",
-    kind=Kind.PLATFORM,
     speculators=SPECULATORS_03,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators asks vLLM's platform for device memory",
+    target=GENERATOR,
 )

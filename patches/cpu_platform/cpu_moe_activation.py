@@ -31,9 +31,10 @@ from __future__ import annotations
 import ast
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
-from .._ranges import SPECULATORS_ALL
+from .._probes import off_cpu, off_cpu_static
+
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 LAZY = "_LazyActivationDict"
@@ -47,10 +48,9 @@ def _module():
 
 
 def probe(module) -> Probe:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    gate = off_cpu()
+    if gate is not None:
+        return gate
     try:
         moe = _module()
     except ModuleNotFoundError as exc:
@@ -65,8 +65,9 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    gate = off_cpu_static(view)
+    if gate is not None:
+        return gate
     if view.vllm.module_file(MOE) is None:
         if view.vllm.found:  # vLLM is there, the module is gone (0.29 nightlies): no lazy dict either
             return _judge(False, "", "")
@@ -105,14 +106,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-moe-activation",
     title="CPU fused-MoE activation built without a vLLM config",
     delta="cpu_fused_moe_torch instantiates SiluAndMul() at forward time (0.14) -> AssertionError at warm-up",
     api=f"{MOE}.{LAZY}.__missing__",
-    kind=Kind.PLATFORM,
     vllm=">=0.14,<0.15",
-    target=WORKER,
-    speculators=SPECULATORS_ALL,
     upstream="vLLM 0.15 uses SiluAndMul.forward_native (the static method) in the CPU fused MoE",
     remove_when="vLLM 0.14 is no longer supported",
 )

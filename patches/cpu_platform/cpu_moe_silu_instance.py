@@ -34,9 +34,10 @@ import ast
 import importlib
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
-from .._ranges import SPECULATORS_ALL
+from .._probes import off_cpu, off_cpu_static
+
 
 MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 TABLE = "_CPU_MOE_ACT_FN"
@@ -75,10 +76,9 @@ def _judge(tree: ast.Module) -> Probe:
 
 
 def probe(module) -> Probe:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    gate = off_cpu()
+    if gate is not None:
+        return gate
     try:
         moe = importlib.import_module(MOE)
     except ModuleNotFoundError as exc:
@@ -89,8 +89,9 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    gate = off_cpu_static(view)
+    if gate is not None:
+        return gate
     tree = view.vllm.tree(MOE)
     if tree is None:
         if view.vllm.found:
@@ -108,15 +109,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-moe-silu-instance",
     title="CPU fused-MoE SiLU built as an op at every forward",
     delta="_CPU_MOE_ACT_FN[SILU] = lambda x: SiluAndMul(...).forward_native(x) (0.20-0.24) -> AssertionError at forward",
     api=f"{MOE}.{TABLE}[MoEActivation.SILU]",
-    kind=Kind.PLATFORM,
     vllm=">=0.20,<0.25",
     family="cpu-moe-activation",
-    target=WORKER,
-    speculators=SPECULATORS_ALL,
     upstream="vLLM 0.25.0 maps SiLU to the static SiluAndMul.forward_native in the CPU fused MoE",
     remove_when="vLLM 0.24 is no longer supported",
 )

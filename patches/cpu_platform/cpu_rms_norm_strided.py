@@ -36,9 +36,10 @@ from __future__ import annotations
 import ast
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Probe, Shape, declare
+from speculators_compat.patching import Probe, Shape, declare
 
-from .._ranges import SPECULATORS_ALL
+from .._probes import off_cpu, off_cpu_static
+
 
 CUSTOM_OPS = "vllm._custom_ops"
 LAYERNORM = "vllm.model_executor.layers.layernorm"
@@ -52,10 +53,9 @@ SIGNATURES = {
 def probe(module) -> Probe:
     from vllm import _custom_ops
     from vllm.model_executor.layers.layernorm import RMSNorm
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return Probe.old(f"vLLM platform {type(current_platform).__name__}")
+    gate = off_cpu()
+    if gate is not None:
+        return gate
     shapes = {name: tuple(inspect.signature(getattr(_custom_ops, name)).parameters) for name in SIGNATURES}
     verdict = _judge(inspect.getsource(RMSNorm.forward_cpu), inspect.getsource(_custom_ops.rms_norm), shapes)
     if verdict.shape is not Shape.NEW:
@@ -67,8 +67,9 @@ def probe(module) -> Probe:
 
 
 def static_probe(view) -> Probe:
-    if not view.cpu:
-        return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    gate = off_cpu_static(view)
+    if gate is not None:
+        return gate
     forward_cpu = view.vllm.source(LAYERNORM, "RMSNorm", "forward_cpu")
     if not forward_cpu:
         raise LookupError(f"cannot read {LAYERNORM}.RMSNorm.forward_cpu from the installed sources")
@@ -158,14 +159,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-rms-norm-strided",
     title="CPU RMS-norm kernel with strided inputs",
     delta="_custom_ops.rms_norm: input.contiguous() dropped (0.12); the CPU kernel ignores row strides",
     api="vllm._custom_ops.rms_norm / fused_add_rms_norm on the CPU platform",
-    kind=Kind.PLATFORM,
     vllm=">=0.12,<0.14",
-    target=WORKER,
-    speculators=SPECULATORS_ALL,
     upstream="vLLM PR #28103 (0.12) dropped the contiguous call; from 0.14 CPU custom ops run forward_native",
     remove_when="vLLM 0.12.x and 0.13.x are no longer supported",
 )

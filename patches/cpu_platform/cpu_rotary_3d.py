@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import inspect
 
-from speculators_compat.patching import WORKER, Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
 from .._probes import vllm_module
-from .._ranges import SPECULATORS_ALL
 from ._deepseek import cpu_deepseek_gate, cpu_deepseek_gate_static
 
 
@@ -85,14 +84,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="cpu-rotary-3d",
     title="CPU rotary kernel with 3-D queries",
     delta="ops.rotary_embedding on CPU assumes [tokens, heads*dim]; DeepSeek non-MLA passes [tokens, heads, dim]",
     api="vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.forward_cpu",
-    kind=Kind.PLATFORM,
-    target=WORKER,
     vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     upstream="vLLM CPU backend (not fixed as of 0.16)",
     remove_when="vLLM's CPU rotary kernel handles 3-D query/key",
 )

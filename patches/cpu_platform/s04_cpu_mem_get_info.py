@@ -18,8 +18,9 @@ Remove when speculators asks vLLM's platform for device memory.
 
 from __future__ import annotations
 
-from speculators_compat.patching import GENERATOR, Kind, Probe, declare
+from speculators_compat.patching import GENERATOR, Probe, declare
 
+from .._probes import NOT_CPU_BUILD, wrapping
 from .._ranges import SPECULATORS_04
 from .cpu_mem_get_info import platform_memory
 
@@ -40,7 +41,7 @@ def static_probe(view) -> Probe:
         return Probe.unknown("the generator module has no mem_get_info")
     if view.cpu:
         return Probe.new("a CPU build of vLLM: speculators' mem_get_info finds no accelerator")
-    return Probe.old("not a CPU build of vLLM (from its distribution name and version)")
+    return Probe.old(NOT_CPU_BUILD)
 
 
 def _mem_get_info(wrapped, instance, args, kwargs):
@@ -51,17 +52,15 @@ def _mem_get_info(wrapped, instance, args, kwargs):
     return platform_memory()
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "mem_get_info", _mem_get_info)
+apply = wrapping({"mem_get_info": _mem_get_info})
 
 
 PATCH = declare(
-    id="s04-cpu-mem-get-info",
     title="device memory on the CPU platform (speculators 0.4)",
     delta="speculators.utils.util.mem_get_info() fails or gives (0, 0) without a GPU -> current_platform memory",
     api="speculators.utils.util.mem_get_info / vllm.platforms.current_platform",
-    kind=Kind.PLATFORM,
     after=("cpu-mem-get-info",),  # its speculators 0.4 twin: answers with its platform_memory
     speculators=SPECULATORS_04,
     remove_when="speculators asks vLLM's platform for device memory",
+    target=GENERATOR,
 )

@@ -31,7 +31,8 @@ import os
 
 from speculators_compat.patching import Kind, Probe, declare
 
-from .._ranges import SPECULATORS_ALL
+from .._probes import wrapping
+
 
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
 #: the most torch threads put back (see the docstring's measurement)
@@ -76,20 +77,16 @@ def _init(wrapped, instance, args, kwargs):
                 "driver-threads: torch threads %d -> %d in the generator's process", now, want)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({"VllmHiddenStatesGenerator.__init__": _init})
 
 
 PATCH = declare(
-    id="driver-threads",
     title="the generator's process keeps its torch threads",
     delta="starting the executor sets the parent's torch threads to 1 -> restored after it started",
     api="vllm.v1.executor.multiproc_executor.set_multiprocessing_worker_envs",
     kind=Kind.PERFORMANCE,
     depends_on=(),
     after=("dtype",),  # wraps __init__ outside it
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     upstream="vLLM does this on purpose for its engine process",
     remove_when="the stock generator no longer post-processes in the executor's parent process",
 )

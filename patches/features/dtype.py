@@ -20,8 +20,7 @@ import contextvars
 
 from speculators_compat.patching import Kind, Option, Probe, declare, render
 
-from .._probes import params, static_params
-from .._ranges import SPECULATORS_ALL
+from .._probes import params, static_params, wrapping
 
 DTYPE = Option("SPECULATORS_COMPAT_DTYPE", "the model dtype of every generator that is not given one")
 ENV = DTYPE.name
@@ -58,20 +57,15 @@ def _model_config(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "ModelConfig", _model_config)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({"ModelConfig": _model_config, "VllmHiddenStatesGenerator.__init__": _init})
 
 
 PATCH = declare(
-    id="dtype",
     title="dtype choice",
     delta="ModelConfig(dtype='auto') hard-coded -> VllmHiddenStatesGenerator(dtype=...) / SPECULATORS_COMPAT_DTYPE",
     api="vllm.config.ModelConfig(dtype=)",
     kind=Kind.FEATURE,
     after=("runner-v1",),  # wraps __init__ outside it
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     upstream="not in speculators 0.3.x / 0.4.x",
     remove_when="speculators exposes the dtype",
 )

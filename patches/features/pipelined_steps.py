@@ -287,7 +287,6 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="pipelined-steps",
     title="the next step is scheduled while the workers run the current one",
     delta="every step waits for a reply the stock loop never reads -> steps sent without waiting",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens(non_block=)",
@@ -295,6 +294,5 @@ PATCH = declare(
     # its proxy sits inside v5's two-phase proxy (which calls it) and outside v4's and v7's; it
     # wraps SchedulerConfig outside v1-chunked-prefill's (and inside v5's)
     after=("v7", "v1-chunked-prefill"),
-    vllm=">=0.11.1",
     speculators=SPECULATORS_03,
 )

@@ -33,7 +33,6 @@ import time
 from speculators_compat.patching import Kind, declare, lifecycle, manifest
 
 from .._probes import generator_patch
-from .._ranges import SPECULATORS_ALL
 from .datapath._runtime import checking
 from .datapath._runtime.pool import pool_of
 
@@ -132,14 +131,11 @@ probe, static_probe, apply = generator_patch("report", WRAPPERS)
 
 
 PATCH = declare(
-    id="report",
     title="end-of-call and end-of-run log lines",
     delta="a clean shutdown looks like a crash in vLLM's worker logs -> one clear line",
     api="VllmHiddenStatesGenerator.generate/__del__",
     kind=Kind.FEATURE,
     depends_on=(),
     after=("guard-input",),  # wraps generate() outside guard-input: times the whole call
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     remove_when="never: this is the library's own report",
 )

@@ -43,8 +43,7 @@ import logging
 
 from speculators_compat.patching import Kind, Probe, declare
 
-from .._probes import generate_probes
-from .._ranges import SPECULATORS_ALL
+from .._probes import generate_probes, wrapping
 
 log = logging.getLogger("speculators_compat")
 
@@ -111,13 +110,13 @@ def _from_pretrained(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.AutoTokenizer, "from_pretrained", _from_pretrained)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({
+    "AutoTokenizer.from_pretrained": _from_pretrained,
+    "VllmHiddenStatesGenerator.__init__": _init,
+})
 
 
 PATCH = declare(
-    id="tokenizer-trust",
     title="the generator's tokenizer load trusts remote code like its config load",
     delta="AutoTokenizer.from_pretrained(model_path) without trust_remote_code -> trust_remote_code=True "
     "(as AutoConfig and ModelConfig already get)",
@@ -125,8 +124,6 @@ PATCH = declare(
     kind=Kind.FEATURE,
     depends_on=(),
     after=("spawn-workers",),  # wraps __init__ outside it
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators passes trust_remote_code to its tokenizer load",
 )

@@ -49,7 +49,7 @@ import contextvars
 import logging
 import os
 
-from speculators_compat.patching import GENERATOR, InvalidInputError, Kind, Probe, declare, inputs
+from speculators_compat.patching import GENERATOR, InvalidInputError, Probe, declare, inputs
 
 # the model path's checks, shared with the runner (it checks the stock script's arguments): guard-input's names, as before
 HUB_ID, HUB_ID_MAX, OFFLINE_VARS = inputs.HUB_ID, inputs.HUB_ID_MAX, inputs.OFFLINE_VARS
@@ -58,7 +58,6 @@ hub_cached, hub_id_shaped, is_local, offline = inputs.hub_cached, inputs.hub_id_
 
 from .._idle_output import forget_idle
 from .._probes import generator_members, generator_methods, source_of
-from .._ranges import SPECULATORS_ALL
 from ._token_ids import TENSORS, normalize, takes_tensors  # noqa: F401 (TENSORS: guard-input's own)
 from ._token_ids import is_int as _is_int
 
@@ -278,14 +277,9 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="guard-input",
     title="input validation and recovery",
     delta="bad input reaches vLLM (worker crash, unusable generator) -> clear error, generator stays usable",
     api="VllmHiddenStatesGenerator.__init__/generate",
-    kind=Kind.GUARD,
-    depends_on=(),
     after=("driver-threads", "guard-output", "self-check"),  # wraps __init__, the output check and the self-check
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     remove_when="never: this is the library's own guard",
 )

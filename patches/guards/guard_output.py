@@ -19,10 +19,9 @@ For speculators 0.3.x and 0.4.x. Remove: never, it is the library's own guard.
 
 from __future__ import annotations
 
-from speculators_compat.patching import CaptureContractError, Kind, declare
+from speculators_compat.patching import CaptureContractError, declare
 
 from .._probes import generator_patch
-from .._ranges import SPECULATORS_ALL
 from ..features.datapath._runtime.reply import transfer_of
 
 
@@ -82,14 +81,9 @@ probe, static_probe, apply = generator_patch("guard", WRAPPERS)
 
 
 PATCH = declare(
-    id="guard-output",
     title="output contract",
     delta="wrong, missing or reordered rows returned silently -> CaptureContractError",
     api="VllmHiddenStatesGenerator.generate",
-    kind=Kind.GUARD,
-    depends_on=(),
     after=("s04-result-order", "results-in-place"),  # checks what the repaired generate() returns
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_ALL,
     remove_when="never: this is the library's own guard",
 )

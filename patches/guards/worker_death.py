@@ -55,10 +55,9 @@ import os
 import time
 import weakref
 
-from speculators_compat.patching import Kind, Probe, WorkerDiedError, declare, leftovers, lifecycle
+from speculators_compat.patching import Probe, WorkerDiedError, declare, leftovers, lifecycle
 
-from .._probes import generator_members, source_of, vllm_module
-from .._ranges import SPECULATORS_ALL
+from .._probes import generator_members, source_of, vllm_module, wrapping
 
 log = logging.getLogger("speculators_compat")
 
@@ -256,20 +255,19 @@ def _generate(wrapped, instance, args, kwargs):
         raise
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "MultiprocExecutor", _executor)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({
+    "MultiprocExecutor": _executor,
+    "VllmHiddenStatesGenerator.__init__": _init,
+    "VllmHiddenStatesGenerator.generate": _generate,
+})
 
 
 PATCH = declare(
-    id="worker-death",
     title="a dead vLLM worker is named in the error",
     delta="a worker killed mid-call -> 'cancelled' / 'Connection reset by peer' / 'Executor failed.' -> WorkerDiedError naming it",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor (worker monitor, collective_rpc cancel= / reply queue shutdown)",
-    kind=Kind.GUARD,
     after=("v5", "guard-input", "report"),  # outermost: sees the error after guard-input's recovery
     vllm=RELEASES,
-    speculators=SPECULATORS_ALL,
     remove_when="never: the library's own guard",
+    depends_on=("vllm",),
 )

@@ -19,10 +19,9 @@ Remove when speculators returns results in input order (deleted generator in 0.5
 
 from __future__ import annotations
 
-from speculators_compat.patching import Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
-from .._probes import generate_probes
-from .._ranges import SPECULATORS_04
+from .._probes import generate_probes, wrapping
 
 MARK = "sorted(request_id_to_idx"
 
@@ -49,17 +48,12 @@ def _generate(wrapped, instance, args, kwargs):
     return ordered
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({"VllmHiddenStatesGenerator.generate": _generate})
 
 
 PATCH = declare(
-    id="s04-result-order",
     title="results in input order (speculators 0.4)",
     delta="results sorted by string request id -> input order",
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x)",
-    kind=Kind.FIX,
     after=("s04-scheduler-loop",),  # reorders what the repaired loop returns
-    speculators=SPECULATORS_04,
-    upstream="not fixed in speculators 0.4.0.1",
 )

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.patching import Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
 from .._idle_output import call_then_flush, flush_finished, remember_idle
-from .._probes import generate_probes
-from .._ranges import SPECULATORS_04
+from .._probes import generate_probes, wrapping
 
 
 def _judge(src: str) -> Probe:
@@ -69,18 +68,12 @@ def _generate(wrapped, instance, args, kwargs):
     return call_then_flush(wrapped, args, kwargs, flush)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "Scheduler", _scheduler)
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({"Scheduler": _scheduler, "VllmHiddenStatesGenerator.generate": _generate})
 
 
 PATCH = declare(
-    id="s04-scheduler-loop",
     title="free prefilled slots (speculators 0.4)",
     delta="loop without update_from_output keeps prefilled requests in their slots -> only max_num_seqs captured",
     api="speculators VllmHiddenStatesGenerator.generate (0.4.x) / vllm Scheduler.schedule",
-    kind=Kind.FIX,
     after=("v5",),  # wraps Scheduler and generate outside v5 (never both: speculators 0.3 / 0.4)
-    speculators=SPECULATORS_04,
-    upstream="not fixed in speculators 0.4.0.1",
 )

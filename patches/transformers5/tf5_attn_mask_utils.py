@@ -35,10 +35,9 @@ import importlib.util
 import sys
 import types
 
-from speculators_compat.patching import SPECULATORS_CONFIG, CompatError, Kind, Probe, Side, declare
+from speculators_compat.patching import SPECULATORS_CONFIG, CompatError, Probe, declare
 
-from .._probes import transformers_version
-from .._ranges import SPECULATORS_03
+from .._probes import transformers_version, wrapping
 
 REMOVED = "transformers.modeling_attn_mask_utils"
 FUNCTION = "_prepare_4d_causal_attention_mask"
@@ -110,19 +109,13 @@ def _reload_and_populate(wrapped, instance, args, kwargs):
             del sys.modules[REMOVED]
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "reload_and_populate_configs", _reload_and_populate)
+apply = wrapping({"reload_and_populate_configs": _reload_and_populate})
 
 
 PATCH = declare(
-    id="tf5-attn-mask-utils",
     title="import speculators on transformers >= 5.24 (removed mask module)",
     delta="transformers 5.24 removed transformers.modeling_attn_mask_utils, imported by speculators.models.eagle "
     "-> import speculators fails",
     api="transformers.modeling_attn_mask_utils._prepare_4d_causal_attention_mask (in speculators.models.eagle)",
-    side=Side.DRIVER,  # and every vLLM worker: any process that imports speculators
-    target=SPECULATORS_CONFIG,
-    speculators=SPECULATORS_03,
-    kind=Kind.PLATFORM,
-    depends_on=("transformers",),
+    target=SPECULATORS_CONFIG,  # the driver's side, and every vLLM worker: any process that imports speculators
 )

@@ -48,10 +48,9 @@ from __future__ import annotations
 import ast
 import sys
 
-from speculators_compat.patching import SPECULATORS_UTILS, Kind, Probe, Side, declare
+from speculators_compat.patching import SPECULATORS_UTILS, Probe, declare
 
 from .._probes import transformers_version
-from .._ranges import SPECULATORS_03
 
 CONFIG_MODULE = "transformers.configuration_utils"
 CLASS_NAMES = ("PreTrainedConfig", "PretrainedConfig")  # v5 name, 4.x name (v5 keeps it as an alias)
@@ -159,14 +158,9 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="tf5-config-torch",
     title="import speculators on transformers v5 (torch annotation)",
     delta="transformers v5: PreTrainedConfig is a dataclass annotated 'torch.dtype' (torch imported only "
     "for type checkers) -> pydantic cannot rebuild speculators' configs: import speculators fails",
     api="transformers.configuration_utils.PreTrainedConfig (under speculators.config.SpeculatorModelConfig)",
-    side=Side.DRIVER,  # and every vLLM worker: any process that imports speculators
-    target=SPECULATORS_UTILS,
-    speculators=SPECULATORS_03,
-    kind=Kind.PLATFORM,
-    depends_on=("transformers",),
+    target=SPECULATORS_UTILS,  # the driver's side, and every vLLM worker: any process that imports speculators
 )

@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import logging
 
-from speculators_compat.patching import WORKER, IncompatibleVllmError, Kind, Probe, declare
+from speculators_compat.patching import WORKER, IncompatibleVllmError, Probe, declare
 
 from .._probes import source_of
-from .._ranges import SPECULATORS_03
-from ._runners import MRV2, MRV2_ROWS, V1_RUNNER, VAR, asked_for
+from ._runners import MRV2, V1_RUNNER, VAR, asked_for
 
 log = logging.getLogger("speculators_compat")
 
@@ -147,16 +146,13 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id=MRV2_ROWS,
     title="captured rows placed by request id under Model Runner V2 (vLLM 0.34: the only runner)",
     delta="Model Runner V2 (0.34: the only runner; 0.22 - 0.33: with VLLM_USE_V2_MODEL_RUNNER=1) orders a "
     "step's requests by token count -> rows handed on in the scheduler's (input) order",
     api=f"{MRV2}.GPUModelRunner.prepare_inputs (InputBatch.req_ids, query_start_loc_np)",
-    kind=Kind.DELTA,
     vllm=">=0.22",
     after=("offload-captured", "shm-transport"),  # wraps _store_captured_states outside them: they get input order
     target=WORKER,
-    speculators=SPECULATORS_03,
     upstream="vLLM 0.34.0 removed the V1 model runner (0.22 chose MRv2 on its own); speculators 0.3.x cuts rows "
     "in input order",
 )

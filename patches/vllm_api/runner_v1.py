@@ -36,7 +36,7 @@ from speculators_compat.patching import (
     IncompatibleVllmError, Kind, Probe, Status, context, declare, evaluate, patches, validated_here, versions,
 )
 
-from .._probes import source_of
+from .._probes import source_of, wrapping
 from .._ranges import SPECULATORS_ALL
 from ._runners import MRV2_ROWS, V1_RUNNER, VAR, asked_for
 
@@ -104,12 +104,10 @@ def _init(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({"VllmHiddenStatesGenerator.__init__": _init})
 
 
 PATCH = declare(
-    id="runner-v1",
     title="vLLM's V1 model runner (Model Runner V2 reorders rows)",
     delta="0.22: Model Runner V2 chosen automatically, rows laid out by token count -> V1 kept "
     "(VLLM_USE_V2_MODEL_RUNNER=0)",

@@ -25,6 +25,7 @@ import os
 
 from speculators_compat.patching import Kind, Probe, declare
 
+from .._probes import wrapping
 from .._ranges import SPECULATORS_ALL
 
 VAR = "VLLM_WORKER_MULTIPROC_METHOD"
@@ -54,18 +55,15 @@ def _init(wrapped, instance, args, kwargs):
         os.environ.pop(VAR, None)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "__init__", _init)
+apply = wrapping({"VllmHiddenStatesGenerator.__init__": _init})
 
 
 PATCH = declare(
-    id="spawn-workers",
     title="GPU workers spawned, not forked (no 'Cannot re-initialize CUDA in forked subprocess')",
     delta="MultiprocExecutor forks the workers of a driver that touched CUDA -> they are spawned",
     api="VLLM_WORKER_MULTIPROC_METHOD / vllm.v1.executor.multiproc_executor.MultiprocExecutor",
     kind=Kind.FIX,
     depends_on=(),  # the start method vLLM itself switches to; the same on every release
-    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     upstream="-",
     remove_when="vLLM spawns GPU workers by default",

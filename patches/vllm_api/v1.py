@@ -20,10 +20,9 @@ vLLM 0.12+). Remove when speculators 0.3.x support is dropped.
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, Shape, declare, render, required
+from speculators_compat.patching import Edit, Probe, Shape, declare, render, required
 
 from .._probes import params, static_params
-from .._ranges import SPECULATORS_03
 
 
 def _parts(sched, kv) -> dict[str, Shape]:
@@ -79,14 +78,11 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="v1",
     title="vLLM 0.12's config calls: SchedulerConfig(is_encoder_decoder=), no kv_cache_specs",
     delta="SchedulerConfig(InitVar is_encoder_decoder required); "
     "get_kv_cache_config_from_groups(-kv_cache_specs)",
     api="vllm.config.SchedulerConfig / vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups",
-    kind=Kind.DELTA,
     vllm=">=0.12",
-    speculators=SPECULATORS_03,
     calls={
         "SchedulerConfig": Edit(add=("is_encoder_decoder",)),
         "get_kv_cache_config_from_groups": Edit(drop=("kv_cache_specs",)),

@@ -22,7 +22,6 @@ from __future__ import annotations
 from speculators_compat.patching import Kind, Probe, declare, render
 
 from .._probes import keyword_patch
-from .._ranges import SPECULATORS_03
 
 
 def _judge(p) -> Probe:
@@ -39,13 +38,10 @@ probe, static_probe, apply, CALLS = keyword_patch("SchedulerConfig", "enable_chu
 
 
 PATCH = declare(
-    id="v1-chunked-prefill",
     title="chunked prefill off (the stock loop aborts partly prefilled prompts)",
     delta="stock loop aborts requests after one step; chunked prefill splits prompts across steps",
     api="vllm.config.SchedulerConfig(enable_chunked_prefill=)",
     kind=Kind.FIX,
-    vllm=">=0.11.1",
     after=("v1",),  # wraps SchedulerConfig outside v1 (its keywords reach v1's wrapper)
-    speculators=SPECULATORS_03,
     calls=CALLS,
 )

@@ -19,10 +19,9 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 sets it itself).
 
 from __future__ import annotations
 
-from speculators_compat.patching import Kind, Probe, declare, render
+from speculators_compat.patching import Probe, declare, render
 
 from .._probes import keyword_patch
-from .._ranges import SPECULATORS_03
 
 
 def _judge(p) -> Probe:
@@ -38,13 +37,10 @@ probe, static_probe, apply, CALLS = keyword_patch("CacheConfig", "enable_prefix_
 
 
 PATCH = declare(
-    id="v1-prefix-caching",
     title="prefix caching off (vLLM 0.12 turned it on; shared prefixes lose rows)",
     delta="CacheConfig.enable_prefix_caching default None -> True",
     api="vllm.config.CacheConfig(enable_prefix_caching=)",
-    kind=Kind.DELTA,
     vllm=">=0.12",
-    speculators=SPECULATORS_03,
     calls=CALLS,
     upstream="speculators 0.4.0 disables prefix caching in its CacheConfig",
 )

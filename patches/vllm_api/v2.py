@@ -17,10 +17,9 @@ Remove when speculators 0.3.x is no longer supported (0.4.0 passes ``block_size`
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, declare, render, required
+from speculators_compat.patching import Edit, Probe, declare, render, required
 
-from .._probes import params, static_params
-from .._ranges import SPECULATORS_03
+from .._probes import params, static_params, wrapping
 
 
 def _judge(sched) -> Probe:
@@ -51,18 +50,13 @@ def _scheduler(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "Scheduler", _scheduler)
+apply = wrapping({"Scheduler": _scheduler})
 
 
 PATCH = declare(
-    id="v2",
     title="Scheduler gets the block_size vLLM 0.11.1 made required",
     delta="Scheduler(+block_size required)",
     api="vllm.v1.core.sched.scheduler.Scheduler",
-    kind=Kind.DELTA,
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
     calls={"Scheduler": Edit(add=("block_size",))},
     upstream="speculators 0.4.0 passes block_size",
 )

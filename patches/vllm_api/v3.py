@@ -30,10 +30,9 @@ from __future__ import annotations
 import functools
 import logging
 
-from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Kind, Probe, declare
+from speculators_compat.patching import WORKER, IncompatibleVllmError, InvalidInputError, Probe, declare
 
-from .._probes import vllm_module
-from .._ranges import SPECULATORS_03
+from .._probes import vllm_module, wrapping
 
 log = logging.getLogger("speculators_compat")
 
@@ -135,19 +134,14 @@ def _setup(wrapped, instance, args, kwargs):
     )
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
+apply = wrapping({"HiddenStatesWorkerExtension._setup_hidden_states_capture": _setup})
 
 
 PATCH = declare(
-    id="v3",
     title="capture through decoder-layer hooks, vLLM's own forward unchanged",
     delta="base model get_input_embeddings -> embed_input_ids; base model path; decoder-layer arguments",
     api="speculators HiddenStatesWorkerExtension._setup_hidden_states_capture on vllm VllmModel",
-    kind=Kind.DELTA,
-    vllm=">=0.11.1",
     family="capture",
     target=WORKER,
-    speculators=SPECULATORS_03,
     upstream="speculators 0.4.0 calls embed_input_ids (still replaces the forward)",
 )

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.patching import CaptureContractError, Deferred, Kind, Probe, declare, render
+from speculators_compat.patching import CaptureContractError, Deferred, Probe, declare, render
 
-from .._probes import params, static_params, vllm_module
-from .._ranges import SPECULATORS_03
+from .._probes import params, static_params, vllm_module, wrapping
 
 CONTRACT = "Returns single result if unique_reply_rank"
 
@@ -81,17 +80,12 @@ def _executor(wrapped, instance, args, kwargs):
     return ReplyListExecutor(wrapped(*args, **kwargs))
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "MultiprocExecutor", _executor)
+apply = wrapping({"MultiprocExecutor": _executor})
 
 
 PATCH = declare(
-    id="v4",
     title="collective_rpc's single reply (vLLM 0.11.1) put back in a list",
     delta="collective_rpc(unique_reply_rank=r): [reply] -> reply",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.collective_rpc",
-    kind=Kind.DELTA,
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
     upstream="speculators 0.4.0 uses the single reply",
 )

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import wrapt
 
-from speculators_compat.patching import Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
 from .._idle_output import call_then_flush, flush_finished, remember_idle
 from .._probes import params, vllm_module
-from .._ranges import SPECULATORS_03
 
 
 def _judge(has_sample_tokens: bool) -> Probe:
@@ -96,13 +95,9 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="v5",
     title="sample_tokens after execute_model (vLLM 0.11.1); finished requests reach the workers",
     delta="execute_model() -> None + sample_tokens(); finished_req_ids never reach workers",
     api="vllm.v1.executor.multiproc_executor.MultiprocExecutor.execute_model/sample_tokens",
-    kind=Kind.DELTA,
-    vllm=">=0.11.1",
     after=("v1-chunked-prefill", "v2", "v7", "pipelined-steps"),  # wraps SchedulerConfig, Scheduler and MultiprocExecutor outside them
-    speculators=SPECULATORS_03,
     upstream="speculators 0.4.0 calls sample_tokens (but still never calls update_from_output)",
 )

@@ -26,9 +26,9 @@ Remove when speculators 0.3.x and 0.4.x are no longer supported (0.5 deleted the
 
 from __future__ import annotations
 
-from speculators_compat.patching import Edit, Kind, Probe, StaticView, declare, render, stock_calls
+from speculators_compat.patching import Edit, Probe, StaticView, declare, render, stock_calls
 
-from .._probes import params, static_params
+from .._probes import params, static_params, wrapping
 from .._ranges import SPECULATORS_ALL
 
 DROPPED = "eos_token_id"
@@ -80,16 +80,13 @@ def _request(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "Request", _request)
+apply = wrapping({"Request": _request})
 
 
 PATCH = declare(
-    id="v6",
     title="the EOS id through SamplingParams: Request lost eos_token_id (vLLM 0.17)",
     delta="Request(eos_token_id=) removed -> SamplingParams carries the EOS id",
     api="vllm.v1.request.Request(eos_token_id=) / vllm.sampling_params.SamplingParams.update_from_generation_config",
-    kind=Kind.DELTA,
     vllm=">=0.17",
     speculators=SPECULATORS_ALL,
     calls={"Request": Edit(drop=(DROPPED,))},

@@ -34,9 +34,9 @@ Remove when speculators 0.3.x is no longer supported (0.5 uses vLLM's own engine
 
 from __future__ import annotations
 
-from speculators_compat.patching import Kind, Probe, declare, render
+from speculators_compat.patching import Probe, declare, render
 
-from .._probes import params, vllm_module
+from .._probes import params, vllm_module, wrapping
 from .._ranges import SPECULATORS_ALL
 
 UTILS = "vllm.v1.attention.backends.utils"
@@ -122,17 +122,14 @@ def _executor(wrapped, instance, args, kwargs):
     return executor
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module, "MultiprocExecutor", _executor)
+apply = wrapping({"MultiprocExecutor": _executor})
 
 
 PATCH = declare(
-    id="v7",
     title="KV cache layout resolved as the engine core does (vLLM 0.29)",
     delta="get_kv_cache_config_from_groups needs CacheConfig.kv_cache_layout, resolved by the engine core",
     api="vllm.config.CacheConfig.get_resolved_kv_cache_layout / "
     "vllm.v1.attention.backends.utils.resolve_kv_cache_layout",
-    kind=Kind.DELTA,
     vllm=">=0.29",
     after=("v4",),  # wraps MultiprocExecutor outside v4's proxy
     speculators=SPECULATORS_ALL,

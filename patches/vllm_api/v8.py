@@ -22,7 +22,7 @@ own extraction).
 
 from __future__ import annotations
 
-from speculators_compat.patching import SPECULATORS_CONFIG, Kind, Probe, Side, declare
+from speculators_compat.patching import SPECULATORS_CONFIG, Probe, declare
 
 from .._ranges import SPECULATORS_ALL
 
@@ -69,15 +69,12 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="v8",
     title="the stock KV-cache helper imports resolve where vLLM 0.33 moved them",
     delta="vllm.v1.core.kv_cache_utils.{_get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups, "
     "unify_hybrid_kv_cache_specs} -> vllm.v1.core.kv_cache_planning",
     api=f"{UTILS} -> {PLANNING}",
-    side=Side.DRIVER,  # bound in every process that imports speculators
-    kind=Kind.DELTA,
     vllm=">=0.33",
-    target=SPECULATORS_CONFIG,
+    target=SPECULATORS_CONFIG,  # the driver's side, as every process that imports speculators binds it
     speculators=SPECULATORS_ALL,
     moves=MOVES,
     upstream="vLLM PR #42309 (0.33.0) moved the KV-cache planning helpers; speculators 0.3.x/0.4.x import the old path",

@@ -20,10 +20,9 @@ Remove when speculators 0.3.x is no longer supported.
 
 from __future__ import annotations
 
-from speculators_compat.patching import Kind, Probe, declare
+from speculators_compat.patching import Probe, declare
 
 from .._probes import keyword_patch
-from .._ranges import SPECULATORS_03
 
 FIELD = "enable_extensible_kv_cache"
 
@@ -39,14 +38,11 @@ probe, static_probe, apply, CALLS = keyword_patch("CacheConfig", FIELD, False, _
 
 
 PATCH = declare(
-    id="v9",
     title="the KV cache allocated whole (vLLM 0.34's extensible KV cache needs the engine's warm-up)",
     delta="CacheConfig.enable_extensible_kv_cache (on with CUDA VMM; pages committed by the engine core) -> off",
     api=f"vllm.config.CacheConfig({FIELD}=)",
-    kind=Kind.DELTA,
     vllm=">=0.34",
     after=("v1-prefix-caching", "cpu-block-size"),  # all wrap the generator's CacheConfig name (other keywords)
-    speculators=SPECULATORS_03,
     calls=CALLS,
     upstream="vLLM 0.34.0 (extensible KV cache on by default on CUDA); speculators 0.3.x builds its own CacheConfig",
 )

@@ -110,7 +110,7 @@ def installable(run: dict) -> bool:
 
 def nearest(vllm, speculators=None, transformers=None, gpu: bool = False,
             runs: list[dict] | None = None, platform: str | None = None) -> Nearest | None:
-    """The nearest validated set for an install: ``vllm`` a :class:`~.versions.Installed` (or
+    """The nearest validated set for an install: ``vllm`` a :class:`~speculators_compat.core.versions.Installed` (or
     None: the newest release validated on the platform), ``speculators``/``transformers`` versions
     (or None), ``gpu``: a CUDA build or machine (pins ``vllm``, prefers CUDA runs); ``platform``
     (``"cpu"`` / ``"cuda"``) chooses the package whatever is installed. ``runs``: default

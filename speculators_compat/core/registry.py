@@ -233,7 +233,7 @@ class Patch:
     #: (a :class:`speculators_compat.check.sources.StaticView`), for the fast ``check``
     static_probe: Callable[[Any], Probe] | None = None
     #: how this patch changes the stock calls into vLLM (the ``stock-calls`` check of
-    #: :mod:`speculators_compat.core.preflight` binds the calls as the applied patches edit them)
+    #: :mod:`speculators_compat.check.checks` binds the calls as the applied patches edit them)
     calls: dict[str, Edit] = field(default_factory=dict)
     #: names vLLM moved that this patch binds again where the stock code imports them:
     #: ``"old.module.name" -> "new.module"`` (the static check reads them where they are now)

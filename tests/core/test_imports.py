@@ -193,7 +193,8 @@ def test_setup_cfg_ships_every_package():
 
 
 def _patch_ids() -> set[str]:
-    """The id of every patch of the patch set, read from its ``PATCH = Patch(id=...)``."""
+    """The id of every patch of the patch set, read from its ``PATCH = declare(...)``: the ``id=`` it
+    names, else its module's name (as ``declare`` takes it)."""
     ids = set()
     for name, path in _modules().items():
         if not name.startswith(PATCHES):
@@ -202,7 +203,8 @@ def _patch_ids() -> set[str]:
             tree = ast.parse(fh.read(), path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("Patch", "declare"):
-                ids |= {k.value.value for k in node.keywords if k.arg == "id" and isinstance(k.value, ast.Constant)}
+                named = {k.value.value for k in node.keywords if k.arg == "id" and isinstance(k.value, ast.Constant)}
+                ids |= named or {name.rpartition(".")[2].replace("_", "-")}
     return ids
 
 

@@ -18,3 +18,9 @@ step's rows copied into the segment (:class:`~._runtime.worker.WorkerState`) and
 :class:`~._runtime.reply.Written`; the driver's :class:`~._runtime.reply.Transfer` turns it into the layers the stock
 code slices; ``guard-output`` and ``self_check`` read the same call's transfer.
 """
+
+from ..._ranges import SPECULATORS_03
+
+#: what ``declare`` fills in for the data path's patches, over the features' own (a declaration
+#: may name another)
+PATCH_DEFAULTS = dict(speculators=SPECULATORS_03)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from speculators_compat.patching import WORKER, Kind, Probe, declare
 
+from ..._probes import wrapping
 from ..._ranges import SPECULATORS_ALL
 
 METHOD = "_store_captured_states"
@@ -129,19 +130,18 @@ def _get(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.HiddenStatesWorkerExtension, METHOD, _store)
-    patcher.wrap(module.HiddenStatesWorkerExtension, GET, _get)
+apply = wrapping({
+    f"HiddenStatesWorkerExtension.{METHOD}": _store,
+    f"HiddenStatesWorkerExtension.{GET}": _get,
+})
 
 
 PATCH = declare(
-    id="offload-captured",
     title="captured states go to pinned host memory every step (async copies)",
     delta="captured states accumulate on the device for a whole call -> host memory per step",
     api="speculators HiddenStatesWorkerExtension._store_captured_states/_get_captured_states",
     kind=Kind.PERFORMANCE,
     target=WORKER,
-    vllm=">=0.11.1",
     speculators=SPECULATORS_ALL,
     upstream="not fixed in speculators 0.3.x / 0.4.x",
     remove_when="speculators moves captured states off the device per step",

@@ -17,11 +17,11 @@ driver hands the results out), and after the call each checked sequence's tensor
 be the block that was compared; else it is sent after the call. Each worker puts the rows
 through the model's own final norm and ``compute_logits`` (vocabulary-parallel, gathered over
 vLLM's TP group) and compares the next-token log-probs with those of vLLM's own states, position
-by position (:mod:`.compare`: the measure, and what comes back -- a few numbers per
+by position (:mod:`._runtime.compare`: the measure, and what comes back -- a few numbers per
 sequence). Where the caller's layers lack the last one, the workers capture it for the checked
 sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
 position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
-:data:`.checking.DEFAULT_TOLERANCE`) raises
+:data:`._runtime.checking.DEFAULT_TOLERANCE`) raises
 :class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
 difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
 and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
@@ -43,7 +43,7 @@ import time
 
 from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, lifecycle
 
-from ..._ranges import SPECULATORS_03
+from ..._probes import wrapping
 from ._runtime import checking, compare, reply
 from ._runtime.plan import call_lengths
 from .results_in_place import CALLABLE, generate_and_rpc_probes
@@ -70,7 +70,7 @@ probe, static_probe = generate_and_rpc_probes(_judge)
 class Comparison:
     """One call's comparison in the workers. Where the call's rows go through ``results-in-place``
     blocks it is sent, without waiting, as soon as the worker's rows are in them
-    (:meth:`send`, run by :func:`.reply.when_written`): the workers compare while the driver hands
+    (:meth:`send`, run by :func:`._runtime.reply.when_written`): the workers compare while the driver hands
     the results out, and :meth:`result` first proves that each checked sequence's tensor is the
     block that was compared. Otherwise :meth:`result` sends the caller's own tensors after the call."""
 
@@ -175,12 +175,10 @@ def _generate(wrapped, instance, args, kwargs):
     return results
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.VllmHiddenStatesGenerator, "generate", _generate)
+apply = wrapping({"VllmHiddenStatesGenerator.generate": _generate})
 
 
 PATCH = declare(
-    id="self-check",
     title="the last layer's rows proven against the model's own next-token log-probs",
     delta="wrong rows (another sequence or position, shifted, captured at another point) returned silently "
     "-> SelfCheckError naming the sequence, the position and the difference",
@@ -188,7 +186,5 @@ PATCH = declare(
     kind=Kind.FEATURE,
     optional=True,  # without it the rows are unchecked, not changed
     after=("results-in-place", "guard-output"),  # checks what the guarded generate() returns
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
     upstream="not in speculators 0.3.x",
 )

@@ -15,7 +15,7 @@ where the caller did not ask for the last layer, cut as the stock code cuts the 
 driver's ``collective_rpc`` then hands every rank the caller's rows; each puts them through the
 final norm, then them and vLLM's own (normed) rows through the model's ``compute_logits`` (the
 same on every rank: the logits are gathered over vLLM's TP group) and the gathering rank replies with a
-few numbers per sequence (:mod:`.compare`). Nothing is recorded, and every
+few numbers per sequence (:mod:`._runtime.compare`). Nothing is recorded, and every
 hook returns at once, while no call is armed.
 
 Under Model Runner V2 (vLLM 0.34: the only runner; 0.26 - 0.33 with ``VLLM_USE_V2_MODEL_RUNNER=1``)
@@ -41,7 +41,7 @@ import logging
 
 from speculators_compat.patching import WORKER, Kind, Probe, applied_ids, declare
 
-from ..._ranges import SPECULATORS_03
+from ..._probes import wrapping
 from ...vllm_api._runners import asked_for
 from ...vllm_api.mrv2_rows import MRV2, step_rows
 from ...vllm_api.mrv2_rows import PATCH as MRV2_ROWS
@@ -115,12 +115,10 @@ def _setup(wrapped, instance, args, kwargs):
     return result
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture", _setup)
+apply = wrapping({"HiddenStatesWorkerExtension._setup_hidden_states_capture": _setup})
 
 
 PATCH = declare(
-    id="self-check-reference",
     title="vLLM's own final states of the checked requests, and the log-prob comparison (workers)",
     delta="no state independent of the capture to check its rows against -> vLLM's own, where its "
     "prompt log-probs come from",
@@ -130,7 +128,5 @@ PATCH = declare(
     optional=True,  # without it the rows are unchecked, not changed
     after=("v3", "mrv2-rows"),  # hooks after v3's capture hooks; uses mrv2-rows' step layout
     target=WORKER,
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
     upstream="not in speculators 0.3.x",
 )

