@@ -32,7 +32,7 @@ children run in ``--work`` (default ``$G016_ROOT/multi/dp`` or ``/kill``). :func
 the runs are watched by ``tests/gpu/watch.py``. SIGTERM / SIGINT SIGKILL every run's sessions.
 
 Not here: the TP=2 extraction against HF fp32 (``run.sh tests-tp2``), the self-check at TP=2
-(``run.sh selfcheck-tp2``, i.e. ``benchmarks/gpu_extract.py selfcheck --tp 2``) and the benchmark.
+(``run.sh selfcheck-tp2``, i.e. ``tools/gpu/selfcheck.py --tp 2``) and the benchmark.
 """
 
 from __future__ import annotations

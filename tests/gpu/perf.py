@@ -20,8 +20,8 @@ layers [2, 8, 13, 15], the stock default), three engines on the same GPU, built 
 
 The modes alternate, in a rotating order, ``--rounds`` times after a warm-up; each call is
 timed between CUDA synchronisations. Reported per mode: every time, median and best
-tokens/s; the ratios extract / llm_eager (the goal: >= 0.97) and extract / extract_nooffload
-(offload must not cost more than 2 %); the host's copy / cat / pickle bandwidth at the
+tokens/s; the ratios extract / llm_eager and extract / extract_nooffload (recorded: the
+GPU test asserts only the memory); the host's copy / cat / pickle bandwidth at the
 driver's thread count (``host``), and what collective_rpc alone costs to bring a reply of
 that size from the worker (``transport``: pickle + IPC + unpickle); where an extraction
 call's time goes (driver: vLLM

@@ -23,13 +23,13 @@
 #             + $OUT/logs.tar.gz. RUNNER_ARGS adds options (default: --parallel when 2 GPUs);
 #             the budget is what is left of 570 s since this script started (BUDGET overrides)
 #   tests-tp1 | tests-tp2 | tests-perf   one phase only (for a call after a partial run)
-#   selfcheck  benchmarks/gpu_extract.py selfcheck on llama-8b, dsv3 and kimi: $OUT/selfcheck-*.json
-#   bench-models  benchmarks/gpu_extract.py build: the random bf16 Llamas "1.2B" and "8B" under $BM
+#   selfcheck  tools/gpu/selfcheck.py on llama-8b, dsv3 and kimi: $OUT/selfcheck-*.json
+#   bench-models  benchmarks/gpu.py build: the random bf16 Llamas "1.2B" and "8B" under $BM
 #             (/tmp/g016/bm; transformers 4.57 as for prepare; no vLLM needed, so it runs in call 1)
-#   bench     benchmarks/gpu_extract.py bench on each of $BENCH_MODELS (llama-1b llama-8b): vLLM's
+#   bench     benchmarks/gpu.py bench on each of $BENCH_MODELS (llama-1b llama-8b): vLLM's
 #             eager prefill, the generator as installed and its steps alone, 3 rotated rounds ->
 #             $OUT/bench-<model>.json (also kept in $BM for `stock`); BENCH_ARGS adds options
-#   stock     benchmarks/gpu_extract.py stock on llama-8b: the stock script through `speculators-compat
+#   stock     benchmarks/gpu.py stock on llama-8b: the stock script through `speculators-compat
 #             run`, $STOCK_CALLS (50) calls of 16 x 1024 tokens saved to /tmp/stock, against the disk's
 #             and the save path's bandwidth and the bench's prefill -> $OUT/stock-llama-8b$STOCK_TAG.json
 #             (STOCK_ARGS: e.g. "--batch 8 --runs 2 --writer torch"; its log, stock-<model>$STOCK_TAG.log)
@@ -152,25 +152,25 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
   selfcheck-tp2)
     for m in ${SC_MODELS:-$G016_ROOT/models/dsv3 $G016_ROOT/models/kimi}; do
       n=$(basename "$m")
-      timeout ${TMO_SC:-200} python3 benchmarks/gpu_extract.py selfcheck "$m" --tp ${SC_TP:-2} \
+      timeout ${TMO_SC:-200} python3 tools/gpu/selfcheck.py "$m" --tp ${SC_TP:-2} \
         --out "$OUT/selfcheck-tp${SC_TP:-2}-$n.json" --prompts ${SC_PROMPTS:-16} --len ${SC_LEN:-1024} \
         > "$OUT/selfcheck-tp${SC_TP:-2}-$n.log" 2>&1
       echo "selfcheck-tp${SC_TP:-2} $n rc=$? (t=$(( $(date +%s) - T_START ))s)"
       grep -F "{" "$OUT/selfcheck-tp${SC_TP:-2}-$n.log" | cut -c1-300 | tail -8
     done ;;
   bench-models)
-    ( cd /tmp && PYTHONPATH=$SITE_TF4:$SITE python3 "$OLDPWD/benchmarks/gpu_extract.py" build "$BM" $BENCH_MODELS ) 2>&1 | tail -3
+    ( cd /tmp && PYTHONPATH=$SITE_TF4:$SITE python3 "$OLDPWD/benchmarks/gpu.py" build "$BM" $BENCH_MODELS ) 2>&1 | tail -3
     ls "$BM" ;;
   bench)
     for m in $BENCH_MODELS; do
-      timeout ${TMO_BENCH:-280} python3 benchmarks/gpu_extract.py bench "$BM/$m" --out "$BM/bench-$m.json" ${BENCH_ARGS-} \
+      timeout ${TMO_BENCH:-280} python3 benchmarks/gpu.py bench "$BM/$m" --out "$BM/bench-$m.json" ${BENCH_ARGS-} \
         > "$OUT/bench-$m.log" 2>&1; echo "bench $m rc=$? (t=$(( $(date +%s) - T_START ))s)"
       cp "$BM/bench-$m.json" "$OUT/" 2>/dev/null
       grep -E "^WARNING: not applied|^\{" "$OUT/bench-$m.log" | cut -c1-1500 | tail -2
     done ;;
   stock)
     m=${STOCK_MODEL:-llama-8b}
-    timeout ${TMO_STOCK:-290} python3 benchmarks/gpu_extract.py stock "$BM/$m" --out "$BM/stock-$m.json" \
+    timeout ${TMO_STOCK:-290} python3 benchmarks/gpu.py stock "$BM/$m" --out "$BM/stock-$m.json" \
       --calls ${STOCK_CALLS:-50} --batch 16 --disk ${STOCK_DISK:-/tmp/stock} --prefill-json "$BM/bench-$m.json" ${STOCK_ARGS-} \
       > "$OUT/stock-$m${STOCK_TAG-}.log" 2>&1; echo "stock $m rc=$? (t=$(( $(date +%s) - T_START ))s)"
     cp "$BM/stock-$m.json" "$OUT/stock-$m${STOCK_TAG-}.json" 2>/dev/null
@@ -182,7 +182,7 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
     # and the prepared DeepSeek-V3 MLA and Kimi-shaped INT4 models
     for m in ${SC_MODELS:-$BM/llama-8b $G016_ROOT/models/dsv3 $G016_ROOT/models/kimi}; do
       n=$(basename "$m")
-      timeout ${TMO_SC:-150} python3 benchmarks/gpu_extract.py selfcheck "$m" --out "$OUT/selfcheck-$n.json" \
+      timeout ${TMO_SC:-150} python3 tools/gpu/selfcheck.py "$m" --out "$OUT/selfcheck-$n.json" \
         --prompts ${SC_PROMPTS:-16} --len ${SC_LEN:-1024} > "$OUT/selfcheck-$n.log" 2>&1
       echo "selfcheck $n rc=$? (t=$(( $(date +%s) - T_START ))s)"; grep -F "{" "$OUT/selfcheck-$n.log" | cut -c1-300 | tail -8
     done ;;

@@ -8,7 +8,7 @@ import pytest
 
 
 #: where this patch is shown needed (tests/test_e2e.py reads it)
-SHOWN_NEEDED = {"pipelined-steps": "a feature (same data, less time): this file, benchmarks/gpu_extract.py"}
+SHOWN_NEEDED = {"pipelined-steps": "a feature (same data, less time): this file, benchmarks/gpu.py"}
 
 pytest.importorskip("wrapt")
 

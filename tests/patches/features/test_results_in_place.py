@@ -20,7 +20,7 @@ from speculators_compat.patches.features.datapath._runtime import reply, segment
 SHOWN_NEEDED = {
     "results-in-place": (
         "a feature (same data, less time): the scenario's \"leak\" step (blocks own their bytes, segments "
-        "reused, no file left), this file, benchmarks/gpu_extract.py"
+        "reused, no file left), this file, benchmarks/gpu.py"
     ),
 }
 
