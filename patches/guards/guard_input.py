@@ -15,9 +15,11 @@ How: the generator's ``__init__`` and ``generate`` are wrapped:
   existing file or folder, or not of a hub repo id's form (``name`` / ``org/name``) -- must be
   a readable folder with a readable, valid ``config.json``, else
   :class:`~speculators_compat.errors.InvalidInputError` names the path and what is missing;
-  a hub-id-shaped path that does not exist locally is left to transformers, with one line
-  saying so for ``org/name`` -- except offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)
-  when it is not in the hub cache: ``InvalidInputError`` at once.
+  a hub-id-shaped path that does not exist locally is tried as a hub id, with one line
+  saying so for ``org/name``: offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``) it must be
+  in the hub cache, online one request asks the hub (``inputs.check_hub_id``): a model the hub
+  does not have, or no hub reachable and the model not cached, is ``InvalidInputError`` at once
+  (instead of transformers' minute of retries).
   Given ``layer_ids`` must be distinct and in ``[0, L - 1]`` (negative ids are rejected, as
   the stock code does: they do not count from the end), else ``InvalidInputError`` names the
   model's layer count ``L``: read from the local ``config.json`` (``num_hidden_layers``, or

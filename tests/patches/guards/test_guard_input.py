@@ -87,21 +87,90 @@ def test_a_relative_and_a_home_path_are_checked(tmp_path, monkeypatch):
     assert path == str(folder) and config == {"num_hidden_layers": 4}  # expanded: transformers would not
 
 
-def online(monkeypatch):
+def online(monkeypatch, answer=("found", "")):
+    """Online, with the hub's answer to every id ``answer`` (no request leaves the test); returns
+    the ids asked."""
     for var in guard_input.OFFLINE_VARS:
         monkeypatch.delenv(var, raising=False)
+    asked = []
+    monkeypatch.setattr(inputs, "ask_hub", lambda repo: asked.append(repo) or answer)
+    monkeypatch.setattr(inputs, "_answers", {})
+    monkeypatch.setattr(inputs, "_said", set())
+    return asked
 
 
-def test_a_hub_id_is_left_to_transformers(tmp_path, monkeypatch, caplog):
+def test_a_hub_id_the_hub_has_is_left_to_transformers(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
-    online(monkeypatch)
+    asked = online(monkeypatch)
     with caplog.at_level("INFO", logger="speculators_compat"):
         assert guard_input.check_model_path("org/name") == ("org/name", None)
         assert guard_input.check_model_path("gpt2") == ("gpt2", None)
-    # one line, at once, for the path-shaped one only: it may have been meant as a folder
+        assert guard_input.check_model_path("org/name") == ("org/name", None)
+    # one line, at once, for the path-shaped one only: it may have been meant as a folder; each id asked once
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"model 'org/name': no local folder {tmp_path / 'org' / 'name'} exists; trying it as a "
                      "Hugging Face hub id"]
+    assert asked == ["org/name", "gpt2"]
+
+
+def test_online_a_hub_id_the_hub_does_not_have_is_named_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    asked = online(monkeypatch, ("missing", ""))
+    for _ in range(2):  # the runner's check, then the generator's: one request
+        with pytest.raises(InvalidInputError) as err:
+            guard_input.check_model_path("nobody/no-such-model")
+        assert "the Hugging Face hub has no model of that id" in str(err.value), err.value
+    assert asked == ["nobody/no-such-model"]
+
+
+def test_online_an_unreachable_hub_and_a_model_not_cached_is_named_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    online(monkeypatch, ("unreachable", "ConnectionError: [Errno 111] Connection refused"))
+    monkeypatch.setattr(inputs, "hub_cached", lambda repo: False)
+    with pytest.raises(InvalidInputError) as err:
+        guard_input.check_model_path("org/name")
+    text = str(err.value)
+    assert "the Hugging Face hub cannot be reached to download it (ConnectionError: [Errno 111] Connection refused)" \
+        in text and "HF_HUB_OFFLINE=1" in text and "SPECULATORS_COMPAT_HUB_TIMEOUT" not in text, text
+    inputs._answers.clear()
+    online(monkeypatch, ("unreachable", "ConnectTimeout: timed out"))
+    monkeypatch.setenv("SPECULATORS_COMPAT_HUB_TIMEOUT", "3")
+    with pytest.raises(InvalidInputError, match="no answer in 3 s, SPECULATORS_COMPAT_HUB_TIMEOUT"):
+        guard_input.check_model_path("org/name")
+
+
+def test_online_an_unreachable_hub_and_a_cached_model_warns_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    asked = online(monkeypatch, ("unreachable", "ConnectionError: [Errno 111] Connection refused"))
+    monkeypatch.setattr(inputs, "hub_cached", lambda repo: True)
+    with caplog.at_level("WARNING", logger="speculators_compat"):
+        for _ in range(3):
+            assert guard_input.check_model_path("org/name") == ("org/name", None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "run with HF_HUB_OFFLINE=1" in warnings[0], warnings
+    assert asked == ["org/name"]
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 10.0), ("2.5", 2.5), ("0", 10.0), ("x", 10.0)])
+def test_the_hub_timeout_is_read_from_the_environment(monkeypatch, value, seconds):
+    if value is None:
+        monkeypatch.delenv("SPECULATORS_COMPAT_HUB_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("SPECULATORS_COMPAT_HUB_TIMEOUT", value)
+    assert inputs.hub_timeout() == seconds
+
+
+def test_the_hub_is_asked_once_with_the_timeout_and_a_refused_connection_is_unreachable(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    import subprocess
+
+    code = ("from speculators_compat import inputs; print(inputs.ask_hub('nobody/no-such-model'))")
+    env = {k: v for k, v in os.environ.items() if k not in guard_input.OFFLINE_VARS}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))  # nothing listens on port 9
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("('unreachable', ") and "Connection refused" in out.stdout, out.stdout + out.stderr
+    assert "Retrying" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("var", guard_input.OFFLINE_VARS)
