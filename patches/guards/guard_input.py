@@ -31,7 +31,9 @@ How: the generator's ``__init__`` and ``generate`` are wrapped:
   outside the vocabulary or a tensor that is not a 2-D integer tensor raise
   ``InvalidInputError`` naming the sequence, before any request reaches vLLM (a bad token id
   would otherwise crash a worker). A sequence longer than ``max_model_len - 1`` is truncated as
-  the stock code does, with a warning that names the sequence and both lengths. The stock code
+  the stock code does, with one warning per generator that counts the call's sequences cut and
+  names the first of them with both lengths (later calls: DEBUG; the stock script cuts every
+  full-length sample by one token, once per batch). The stock code
   gets each sequence as a new 1-D int64 tensor (``TENSORS``: it takes a tensor's list for the
   request, and its ``torch.as_tensor`` of the result's ``input_ids`` is then the tensor itself,
   not a conversion of 1,000s of Python ints per sequence), else as a new list of ints.
@@ -50,6 +52,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import weakref
 
 from speculators_compat.patching import GENERATOR, InvalidInputError, Kind, Probe, declare, inputs
 
@@ -225,6 +228,8 @@ def recover(generator) -> None:
 
 #: generator class -> whether its stock ``generate`` takes tensors (read once per class)
 _takes_tensors: dict = {}
+#: generator -> [True] once a truncation was said (one warning per generator)
+_truncation_said: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -237,7 +242,11 @@ def _generate(wrapped, instance, args, kwargs):
     if tensors is None:
         tensors = _takes_tensors[cls] = takes_tensors(cls.generate)
     config = instance.vllm_config.model_config
-    ids = normalize(token_ids, config.get_vocab_size(), config.max_model_len - 1, tensors)
+    try:
+        said = _truncation_said.setdefault(instance, [])
+    except TypeError:  # a generator that cannot be weakly referenced: one warning per call
+        said = None
+    ids = normalize(token_ids, config.get_vocab_size(), config.max_model_len - 1, tensors, said)
     try:
         return wrapped(ids, *rest, **kwargs)
     except Exception:

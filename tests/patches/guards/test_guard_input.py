@@ -377,6 +377,33 @@ def test_bad_input_is_named(bad, message):
     assert message in str(err.value)
 
 
+def test_sequences_cut_to_the_length_are_said_once_per_call_with_their_count(caplog):
+    """The stock script cuts every full-length sample by one token (seq_length = max_model_len):
+    one line per call, counting them, not one per sequence."""
+    batch = [list(range(8)) for _ in range(63)] + [[1, 2]]
+    with caplog.at_level("DEBUG", logger="speculators_compat"):
+        out = guard_input.normalize(batch, 10, 7)
+    assert out == batch  # lists: the stock code cuts them
+    lines = [r for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelname == "WARNING", [r.getMessage() for r in lines]
+    assert lines[0].getMessage() == (
+        "63 of 64 sequences have more than max_model_len - 1 = 7 tokens (sequence 0 has 8, sequence 1 has 8, "
+        "sequence 2 has 8, ...): truncated to 7 tokens, as the stock code does")
+
+
+def test_a_generator_says_its_truncations_once_and_its_later_calls_at_debug(caplog):
+    """Per generator (``said``): the first call that cuts warns, the later ones log at DEBUG."""
+    said: list = []
+    with caplog.at_level("DEBUG", logger="speculators_compat"):
+        for _ in range(3):
+            guard_input.normalize([list(range(9)), [1]], 10, 6, said=said)
+        guard_input.normalize([[1]], 10, 6, said=said)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "truncated" in r.getMessage()]
+    assert [level for level, _ in lines] == ["WARNING", "DEBUG", "DEBUG"], lines
+    assert lines[0][1].startswith("sequence 0 has 9 tokens, more than max_model_len - 1 = 6: truncated to 6 tokens")
+    assert "said once per generator" in lines[0][1] and "SPECULATORS_COMPAT_VERBOSE=1" in lines[0][1], lines[0][1]
+
+
 def test_a_large_batch_is_checked_whole():
     batch = [[(i * 7 + j) % 31000 for j in range(1024)] for i in range(64)]
     batch[63][1000] = 31000
