@@ -35,7 +35,7 @@ def _handler_class():
         def format(self, record) -> str:
             line = super().format(record)
             name = getattr(record, "vllm_process_name", None)
-            if not name or name == record.processName:  # not a named vLLM process (the driver)
+            if not name or name == "MainProcess":  # not a vLLM worker (the driver)
                 return line
             return f"({name} pid={record.process}) {line}"
 

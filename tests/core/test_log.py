@@ -74,7 +74,7 @@ logging.getLogger("speculators_compat").warning("self-check: off")
 """
 
 
-@pytest.mark.parametrize("name", ["Worker_TP1", "MainProcess"])
+@pytest.mark.parametrize("name", ["Worker_TP1", "VllmWorker-0", "MainProcess"])
 def test_a_vllm_workers_line_starts_with_its_process_name_as_vllms_own_do(name):
     """vLLM 0.17+ names the worker (``Worker_TP1``) on each record for its own formatter, no longer
     on the worker's stderr: without the name, the ranks' lines could not be told apart."""
