@@ -89,12 +89,13 @@ _said: set[tuple[str, str]] = set()
 
 
 def hub_timeout() -> float:
-    """``SPECULATORS_COMPAT_HUB_TIMEOUT`` (seconds, > 0), else :data:`HUB_TIMEOUT`."""
+    """``SPECULATORS_COMPAT_HUB_TIMEOUT`` (seconds; ``0``: no request, the id is left to
+    transformers), else :data:`HUB_TIMEOUT`."""
     try:
         value = float(os.environ.get("SPECULATORS_COMPAT_HUB_TIMEOUT", HUB_TIMEOUT))
     except ValueError:
         return HUB_TIMEOUT
-    return value if value > 0 else HUB_TIMEOUT
+    return value if value >= 0 else HUB_TIMEOUT
 
 
 def _reason(exc: BaseException) -> str:
@@ -161,6 +162,8 @@ def check_hub_id(model_path: str) -> None:
                 f"in the local hub cache while {var}={os.environ[var]} keeps the hub off: give the model's local "
                 "folder (absolute, or relative to the working directory), or download it first")
         return
+    if hub_timeout() == 0:
+        return  # asked not to ask (a mirror without the hub's API, say): transformers' own load tells
     if model_path not in _answers:
         _answers[model_path] = ask_hub(model_path)
     answer, reason = _answers[model_path]

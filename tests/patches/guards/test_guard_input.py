@@ -151,7 +151,14 @@ def test_online_an_unreachable_hub_and_a_cached_model_warns_once(tmp_path, monke
     assert asked == ["org/name"]
 
 
-@pytest.mark.parametrize("value, seconds", [(None, 10.0), ("2.5", 2.5), ("0", 10.0), ("x", 10.0)])
+def test_a_hub_timeout_of_zero_asks_nothing_and_leaves_the_id_to_transformers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    asked = online(monkeypatch, ("missing", ""))
+    monkeypatch.setenv("SPECULATORS_COMPAT_HUB_TIMEOUT", "0")
+    assert guard_input.check_model_path("org/name") == ("org/name", None) and asked == []
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 10.0), ("2.5", 2.5), ("0", 0.0), ("-1", 10.0), ("x", 10.0)])
 def test_the_hub_timeout_is_read_from_the_environment(monkeypatch, value, seconds):
     if value is None:
         monkeypatch.delenv("SPECULATORS_COMPAT_HUB_TIMEOUT", raising=False)
