@@ -59,6 +59,31 @@ def test_a_misspelt_model_folder_is_named_with_the_nearest_folder_and_no_output_
     assert not (tmp_path / "out").exists()  # a run that did nothing leaves nothing
 
 
+def test_a_typo_on_the_command_line_ends_before_the_script_runs_its_imports(tmp_path):
+    """The stock script imports torch, vLLM and speculators (10 s and more) before it parses its
+    arguments: the paths spelt out on the command line are checked before it runs at all (here: a
+    copy of the stand-in whose first line leaves a mark)."""
+    script = tmp_path / "data_generation_offline.py"
+    script.write_text("open('script-ran', 'w').close()  # stands for the stock script's imports\n"
+                      + Path(SCRIPT).read_text())
+    (tmp_path / "fake_pt.py").write_text((HERE / "fake_pt.py").read_text())
+    (tmp_path / "datagen_input.py").write_text((HERE / "datagen_input.py").read_text())
+    _model(tmp_path / "tiny-llama")
+    data = _data(tmp_path)
+    for typo in (["--target-model-path", "./tiny-lama", "--train-data-path", str(data), "--output-dir", "out"],
+                 ["--target-model-path=./tiny-llama", "--train-data-path=trian.jsonl", "--output-dir=out"]):
+        proc = subprocess.run([sys.executable, "-m", "speculators_compat.run", str(script), *typo], cwd=tmp_path,
+                              env=_env(), capture_output=True, text=True, timeout=120)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "does not exist" in out and "Traceback" not in out, out
+        assert not (tmp_path / "script-ran").exists() and not (tmp_path / "out").exists(), out
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.run", str(script), "--target-model-path",
+                           "./tiny-llama", "--train-data-path", str(data), "--output-dir", "out"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and (tmp_path / "script-ran").exists(), proc.stdout + proc.stderr
+    assert (tmp_path / "out" / "data_0.pt").is_file()
+
+
 def test_a_model_folder_without_config_json_is_refused_before_the_script_runs(tmp_path):
     (tmp_path / "weights").mkdir()
     data = _data(tmp_path)

@@ -5,7 +5,8 @@ surface minutes later, deep in the stock script's preprocessing (``HFValidationE
 must be in the form ...``), after the output folder was created. :func:`check` runs before the
 runner touches the output folder and before the stock script's preprocessing starts, and raises
 :class:`~speculators_compat.errors.InvalidInputError` with the generator's own wording (the
-nearest folder that exists):
+nearest folder that exists). :func:`check_early` runs the same checks on the paths spelt out on
+the command line before the script runs at all (its imports take 10 s and more):
 
 * ``--target-model-path``: a local path (absolute, ``./``, ``../``, ``~``, or not of a hub id's
   form) must be a readable model folder with its ``config.json`` (the ``guard-input`` check); a
@@ -87,3 +88,29 @@ def check(namespace) -> None:
             raise ArgumentError(f"--target-model-path: {exc}") from None
     check_train_data(getattr(namespace, "train_data_path", None))
     check_output_dir(getattr(namespace, "output_dir", None))
+
+
+#: the options :func:`check_early` reads from the command line, by their attribute
+EARLY = {"--target-model-path": "target_model_path", "--train-data-path": "train_data_path",
+         "--output-dir": "output_dir"}
+
+
+def check_early(argv: list[str]) -> None:
+    """:func:`check` on the paths spelt out in the stock script's command line (``--opt VALUE`` or
+    ``--opt=VALUE``, the last one given), before the script runs: the stock script imports torch,
+    vLLM and speculators (10 s and more) before it parses its arguments. What this does not read
+    (an abbreviated option, ``--help``) is checked when the script has parsed them, as before."""
+    if any(arg in ("-h", "--help") for arg in argv) or "--" in argv:
+        return
+    found = {}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name not in EARLY:
+            continue
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                continue  # argparse's to refuse
+            value = argv[i + 1]
+        found[EARLY[name]] = value
+    if found:
+        check(type("Arguments", (), found)())
