@@ -37,6 +37,8 @@ def _handler_class():
             name = getattr(record, "vllm_process_name", None)
             if not name or name == "MainProcess":  # not a vLLM worker (the driver)
                 return line
+            if hasattr(sys.stderr, "start_new_line"):  # vLLM prefixes this stderr itself (vllm.utils' _add_prefix)
+                return line
             return f"({name} pid={record.process}) {line}"
 
     class Fallback(logging.StreamHandler):
