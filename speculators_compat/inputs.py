@@ -1,9 +1,14 @@
 """Checks of the user's input shared by the ``guard-input`` patch (the generator's constructor) and
 the runner (the stock script's arguments, :mod:`speculators_compat.run.arguments`): a model path
-that is local must be a readable model folder with its ``config.json``, a hub id offline must be
-in the hub cache. Each failure is an :class:`~speculators_compat.errors.InvalidInputError` naming
-the path, what is missing and, for a path that does not exist, the nearest folder that does.
-Nothing here imports torch, vLLM or transformers (``huggingface_hub`` only to read its cache)."""
+that is local must be a readable model folder with its ``config.json``; a hub id offline must be
+in the hub cache, and online one request (one try, ``SPECULATORS_COMPAT_HUB_TIMEOUT`` seconds at
+most) asks the hub for it, so that a model the hub does not have, or a hub that cannot be reached
+for a model not cached, ends in seconds instead of after transformers' minute of retries. Each
+failure is an :class:`~speculators_compat.errors.InvalidInputError` naming the path, what is
+missing and what to do (for a path that does not exist, the nearest folder that does). Each id is
+asked about once per process (the runner's check and the generator's share the answer), and each
+line about it is logged once. Nothing here imports torch, vLLM or transformers (``huggingface_hub``
+only, to read its cache and ask the hub)."""
 
 from __future__ import annotations
 
@@ -75,20 +80,111 @@ def hub_cached(repo_id: str) -> bool:
         return False
 
 
+#: seconds the one request to the hub may take (``SPECULATORS_COMPAT_HUB_TIMEOUT``)
+HUB_TIMEOUT = 10.0
+#: what the hub said about each id asked in this process (the runner's and the generator's checks)
+_answers: dict[str, tuple[str, str]] = {}
+#: the ids whose lines were logged in this process (each line once)
+_said: set[tuple[str, str]] = set()
+
+
+def hub_timeout() -> float:
+    """``SPECULATORS_COMPAT_HUB_TIMEOUT`` (seconds; ``0``: no request, the id is left to
+    transformers), else :data:`HUB_TIMEOUT`."""
+    try:
+        value = float(os.environ.get("SPECULATORS_COMPAT_HUB_TIMEOUT", HUB_TIMEOUT))
+    except ValueError:
+        return HUB_TIMEOUT
+    return value if value >= 0 else HUB_TIMEOUT
+
+
+def _reason(exc: BaseException) -> str:
+    """A short reason for a failed request: the OS error it comes down to where the text names one
+    (``[Errno 111] Connection refused``), else its first line."""
+    text = str(exc).strip()
+    errno = re.search(r"\[Errno -?\d+\] [^'\"()\\]+", text)
+    if errno:
+        return f"{type(exc).__name__}: {errno.group(0).strip()}"
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:200]
+
+
+def ask_hub(repo_id: str) -> tuple[str, str]:
+    """One request to the hub for ``repo_id`` (one try, :func:`hub_timeout` seconds at most):
+    ``("found", "")``, ``("missing", "")`` (no such model, or private), ``("unreachable", reason)``
+    (no answer from the hub, or one that is not the hub's: a proxy's error page) or
+    ``("unknown", reason)`` (``huggingface_hub`` is not installed, or the hub is having trouble:
+    left to transformers)."""
+    try:
+        import huggingface_hub
+        from huggingface_hub import errors as hub_errors
+    except ImportError:
+        return "unknown", "huggingface_hub is not installed"
+    try:
+        huggingface_hub.model_info(repo_id, timeout=hub_timeout())
+        return "found", ""
+    except hub_errors.GatedRepoError:
+        return "found", ""  # it exists: access is the token's business
+    except hub_errors.RepositoryNotFoundError:
+        return "missing", ""
+    except hub_errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status is None or status >= 500:
+            return "unknown", _reason(exc)  # the hub itself is having trouble: transformers' retries may get through
+        return "unreachable", _reason(exc)  # e.g. a proxy's 404 for every address: this is not the hub answering
+    except Exception as exc:  # noqa: BLE001 - requests', httpx' and the socket's own connection errors
+        return "unreachable", _reason(exc)
+
+
+def _once(repo_id: str, what: str) -> bool:
+    key = (repo_id, what)
+    if key in _said:
+        return False
+    _said.add(key)
+    return True
+
+
 def check_hub_id(model_path: str) -> None:
     """A hub-id-shaped ``model_path`` that is no local folder: one line says it is tried as a hub
-    id (for ``org/name``, which may have been meant as a folder); offline and not in the hub cache,
-    :class:`InvalidInputError` names it at once (instead of transformers' retries)."""
+    id (for ``org/name``, which may have been meant as a folder). Offline and not in the hub cache,
+    :class:`InvalidInputError` names it at once. Online, one request asks the hub
+    (:func:`ask_hub`): a model the hub does not have, or a hub that cannot be reached while the
+    model is not cached, is :class:`InvalidInputError` saying what to do; unreachable but cached,
+    one warning suggests ``HF_HUB_OFFLINE=1``. Each id is asked once per process."""
     cwd = os.getcwd()
-    if "/" in model_path:
-        log.info("model %r: no local folder %s exists; trying it as a Hugging Face hub id",
-                 model_path, os.path.join(cwd, model_path))
+    folder = os.path.join(cwd, model_path)
+    if "/" in model_path and _once(model_path, "tried"):
+        log.info("model %r: no local folder %s exists; trying it as a Hugging Face hub id", model_path, folder)
     var = offline()
-    if var is not None and not hub_cached(model_path):
+    if var is not None:
+        if not hub_cached(model_path):
+            raise InvalidInputError(
+                f"model path {model_path!r}: no local folder {folder} exists, and as a Hugging Face hub id it is not "
+                f"in the local hub cache while {var}={os.environ[var]} keeps the hub off: give the model's local "
+                "folder (absolute, or relative to the working directory), or download it first")
+        return
+    if hub_timeout() == 0:
+        return  # asked not to ask (a mirror without the hub's API, say): transformers' own load tells
+    if model_path not in _answers:
+        _answers[model_path] = ask_hub(model_path)
+    answer, reason = _answers[model_path]
+    if answer == "missing":
         raise InvalidInputError(
-            f"model path {model_path!r}: no local folder {os.path.join(cwd, model_path)} exists, and as a Hugging "
-            f"Face hub id it is not in the local hub cache while {var}={os.environ[var]} keeps the hub off: give "
-            "the model's local folder (absolute, or relative to the working directory), or download it first")
+            f"model path {model_path!r}: no local folder {folder} exists, and the Hugging Face hub has no model of "
+            "that id (or it is private: log in with `hf auth login`): give the model's local folder or an existing "
+            "hub id")
+    if answer != "unreachable":
+        return
+    if hub_cached(model_path):
+        if _once(model_path, "unreachable"):
+            log.warning("the Hugging Face hub is unreachable (%s): %r is in the local hub cache; run with "
+                        "HF_HUB_OFFLINE=1 to load it from there without the hub's retries", reason, model_path)
+        return
+    waited = (f"; no answer in {hub_timeout():g} s, SPECULATORS_COMPAT_HUB_TIMEOUT" if "time" in reason.lower()
+              else "")
+    raise InvalidInputError(
+        f"model path {model_path!r}: no local folder {folder} exists, and the Hugging Face hub cannot be reached "
+        f"to download it ({reason}{waited}): give the model's local folder, or download it where the hub is "
+        "reachable (`hf download ID`) and run with HF_HUB_OFFLINE=1")
 
 
 def check_model_path(model_path) -> tuple[str, dict | None]:

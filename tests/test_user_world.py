@@ -59,6 +59,31 @@ def test_a_misspelt_model_folder_is_named_with_the_nearest_folder_and_no_output_
     assert not (tmp_path / "out").exists()  # a run that did nothing leaves nothing
 
 
+def test_a_typo_on_the_command_line_ends_before_the_script_runs_its_imports(tmp_path):
+    """The stock script imports torch, vLLM and speculators (10 s and more) before it parses its
+    arguments: the paths spelt out on the command line are checked before it runs at all (here: a
+    copy of the stand-in whose first line leaves a mark)."""
+    script = tmp_path / "data_generation_offline.py"
+    script.write_text("open('script-ran', 'w').close()  # stands for the stock script's imports\n"
+                      + Path(SCRIPT).read_text())
+    (tmp_path / "fake_pt.py").write_text((HERE / "fake_pt.py").read_text())
+    (tmp_path / "datagen_input.py").write_text((HERE / "datagen_input.py").read_text())
+    _model(tmp_path / "tiny-llama")
+    data = _data(tmp_path)
+    for typo in (["--target-model-path", "./tiny-lama", "--train-data-path", str(data), "--output-dir", "out"],
+                 ["--target-model-path=./tiny-llama", "--train-data-path=trian.jsonl", "--output-dir=out"]):
+        proc = subprocess.run([sys.executable, "-m", "speculators_compat.run", str(script), *typo], cwd=tmp_path,
+                              env=_env(), capture_output=True, text=True, timeout=120)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "does not exist" in out and "Traceback" not in out, out
+        assert not (tmp_path / "script-ran").exists() and not (tmp_path / "out").exists(), out
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.run", str(script), "--target-model-path",
+                           "./tiny-llama", "--train-data-path", str(data), "--output-dir", "out"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and (tmp_path / "script-ran").exists(), proc.stdout + proc.stderr
+    assert (tmp_path / "out" / "data_0.pt").is_file()
+
+
 def test_a_model_folder_without_config_json_is_refused_before_the_script_runs(tmp_path):
     (tmp_path / "weights").mkdir()
     data = _data(tmp_path)
@@ -94,17 +119,20 @@ def test_right_paths_still_run_to_the_end(tmp_path):
     assert (tmp_path / "out" / "data_0.pt").is_file()
 
 
-def test_a_hub_id_that_is_not_cached_while_the_hub_is_unreachable_ends_in_seconds(tmp_path):
+def _unreachable_hub(tmp_path: Path) -> dict:
+    return _env(HF_HUB_OFFLINE=None, TRANSFORMERS_OFFLINE=None, HF_HOME=str(tmp_path / "hf"),
+                HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens on port 9: refused at once
+
+
+def test_a_hub_id_that_is_not_cached_while_the_hub_is_unreachable_ends_at_once(tmp_path):
     pytest.importorskip("huggingface_hub")
     data = _data(tmp_path)
-    environ = _env(HF_HUB_OFFLINE=None, TRANSFORMERS_OFFLINE=None, HF_HOME=str(tmp_path / "hf"),
-                   HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens on port 9: refused at once
-    code, out, took = _run(tmp_path, "--target-model-path", "nobody/no-such-model", "--train-data-path", str(data),
-                           "--output-dir", "out", environ=environ)
+    code, out, _ = _run(tmp_path, "--target-model-path", "nobody/no-such-model", "--train-data-path", str(data),
+                        "--output-dir", "out", environ=_unreachable_hub(tmp_path))
     assert code == 2, out
-    assert "the Hugging Face hub cannot be reached" in out and "HF_HUB_OFFLINE=1" in out, out
+    assert "the Hugging Face hub cannot be reached" in out and "Connection refused" in out, out
+    assert "HF_HUB_OFFLINE=1" in out and "Retrying" not in out and "Traceback" not in out, out
     assert out.count("trying it as a Hugging Face hub id") <= 1, out  # each line once
-    assert took < 30, took
     assert not (tmp_path / "out").exists()
 
 
@@ -183,7 +211,6 @@ def test_a_full_disk_ends_the_run_with_the_cause_and_the_cure_and_the_same_comma
               f"mount -o remount,size=4m {disk}\n"  # the user frees space
               f"{run} > {tmp_path}/second.log 2>&1; echo $? > {tmp_path}/second.rc\n"
               f"cp -r {disk}/out {copy}\n")
-    start = time.monotonic()
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True,
                           timeout=240)
     assert proc.returncode == 0, proc.stderr
@@ -211,7 +238,6 @@ def test_a_full_disk_ends_the_run_with_the_cause_and_the_cure_and_the_same_comma
 
         with zipfile.ZipFile(clean / f"data_{i}.pt") as a, zipfile.ZipFile(copy / f"data_{i}.pt") as b:
             assert {n: a.read(n) for n in a.namelist()} == {n: b.read(n) for n in b.namelist()}, i
-    assert time.monotonic() - start < 120
 
 
 def test_torchs_short_write_after_a_no_space_warning_is_a_full_disk(tmp_path):
@@ -248,6 +274,36 @@ def test_an_enospc_in_the_cause_chain_names_shared_memory_when_it_is_the_full_de
     # the output folder is not known (no folder armed): the device is the one the error names
     assert message is not None and f"the shared memory {shm}" in message and "--shm-size" in message, message
     assert diskfull.diagnose(ValueError("not a disk"), None, watcher=diskfull.Watcher()) is None
+
+
+# -- a hub id through the generator ------------------------------------------------------------
+
+
+GENERATOR_ON_A_HUB_ID = """
+import speculators_compat
+from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+from speculators_compat.errors import InvalidInputError
+if __name__ == "__main__":
+    try:
+        VllmHiddenStatesGenerator("nobody/no-such-model", max_model_len=64)
+    except InvalidInputError as exc:
+        print("REFUSED:", exc)
+"""
+
+
+@PATCHED
+def test_the_generator_given_a_hub_id_the_unreachable_hub_cannot_serve_refuses_it_after_one_try(tmp_path):
+    """Through the generator (no runner): one request, then InvalidInputError with the offline
+    hint -- not transformers' five retries per file (a minute, each warning printed twice)."""
+    pytest.importorskip("vllm")
+    (tmp_path / "gen.py").write_text(GENERATOR_ON_A_HUB_ID)
+    proc = subprocess.run([sys.executable, "gen.py"], cwd=tmp_path, env=_unreachable_hub(tmp_path),
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "REFUSED: model path 'nobody/no-such-model'" in proc.stdout, out[-4000:]
+    assert "the Hugging Face hub cannot be reached" in out and "HF_HUB_OFFLINE=1" in out, out[-4000:]
+    assert "Retrying" not in out and "thrown while requesting" not in out, out[-4000:]
+    assert out.count("trying it as a Hugging Face hub id") <= 1, out[-4000:]
 
 
 # -- a container's small /dev/shm -----------------------------------------------------------------

@@ -82,9 +82,28 @@ def _as_tensor(i, seq, torch, max_len: int):
     return torch.from_numpy(arr[:max_len].copy() if arr.size > max_len else arr), low_high, len(ids)
 
 
-def normalize(token_ids, vocab_size: int, max_len: int, tensors: bool = False) -> list:
+#: sequences named in the truncation line (the count covers all of them)
+TRUNCATED_NAMED = 3
+
+
+def truncation_line(cut: list[tuple[int, int]], total: int, max_len: int) -> str:
+    """One line for the sequences ``cut`` (``(index, length)``) of a call of ``total`` that were
+    longer than ``max_len`` tokens."""
+    if len(cut) == 1:
+        i, n = cut[0]
+        return (f"sequence {i} has {n} tokens, more than max_model_len - 1 = {max_len}: truncated to {max_len} "
+                "tokens, as the stock code does")
+    named = ", ".join(f"sequence {i} has {n}" for i, n in cut[:TRUNCATED_NAMED])
+    more = ", ..." if len(cut) > TRUNCATED_NAMED else ""
+    return (f"{len(cut)} of {total} sequences have more than max_model_len - 1 = {max_len} tokens ({named}{more}): "
+            f"truncated to {max_len} tokens, as the stock code does")
+
+
+def normalize(token_ids, vocab_size: int, max_len: int, tensors: bool = False, said: list | None = None) -> list:
     """Validate ``token_ids`` and return them as a list of lists of ints; with ``tensors`` (torch
-    imported) as a list of new 1-D int64 CPU tensors, each cut to ``max_len``."""
+    imported) as a list of new 1-D int64 CPU tensors, each cut to ``max_len``. Sequences cut are
+    named in one warning per call; with ``said`` (a list kept per generator) in one warning per
+    generator, the later calls' lines at DEBUG."""
     torch = _torch()
     if torch is not None and isinstance(token_ids, torch.Tensor):
         if token_ids.ndim != 2:
@@ -95,7 +114,7 @@ def normalize(token_ids, vocab_size: int, max_len: int, tensors: bool = False) -
     if len(token_ids) == 0:
         raise InvalidInputError("token_ids is an empty batch: give at least one sequence")
     tensors = tensors and torch is not None
-    out = []
+    out, cut = [], []
     for i, seq in enumerate(token_ids):
         if tensors:
             ids, low_high, n = _as_tensor(i, seq, torch, max_len)
@@ -109,11 +128,18 @@ def normalize(token_ids, vocab_size: int, max_len: int, tensors: bool = False) -
             bad = low if low < 0 else high
             raise InvalidInputError(f"sequence {i}: token id {bad} outside the vocabulary [0, {vocab_size - 1}]")
         if n > max_len:
-            log.warning(
-                "sequence %d has %d tokens, more than max_model_len - 1 = %d: truncated to %d tokens",
-                i, n, max_len, max_len,
-            )
+            cut.append((i, n))
         out.append(ids)
+    if cut:
+        line = truncation_line(cut, len(out), max_len)
+        if said is None:
+            log.warning("%s", line)
+        elif not said:
+            said.append(True)
+            log.warning("%s (said once per generator: later calls' truncations are logged at DEBUG, "
+                        "SPECULATORS_COMPAT_VERBOSE=1)", line)
+        else:
+            log.debug("%s", line)
     return out
 
 

@@ -15,9 +15,11 @@ How: the generator's ``__init__`` and ``generate`` are wrapped:
   existing file or folder, or not of a hub repo id's form (``name`` / ``org/name``) -- must be
   a readable folder with a readable, valid ``config.json``, else
   :class:`~speculators_compat.errors.InvalidInputError` names the path and what is missing;
-  a hub-id-shaped path that does not exist locally is left to transformers, with one line
-  saying so for ``org/name`` -- except offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)
-  when it is not in the hub cache: ``InvalidInputError`` at once.
+  a hub-id-shaped path that does not exist locally is tried as a hub id, with one line
+  saying so for ``org/name``: offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``) it must be
+  in the hub cache, online one request asks the hub (``inputs.check_hub_id``): a model the hub
+  does not have, or no hub reachable and the model not cached, is ``InvalidInputError`` at once
+  (instead of transformers' minute of retries).
   Given ``layer_ids`` must be distinct and in ``[0, L - 1]`` (negative ids are rejected, as
   the stock code does: they do not count from the end), else ``InvalidInputError`` names the
   model's layer count ``L``: read from the local ``config.json`` (``num_hidden_layers``, or
@@ -29,7 +31,9 @@ How: the generator's ``__init__`` and ``generate`` are wrapped:
   outside the vocabulary or a tensor that is not a 2-D integer tensor raise
   ``InvalidInputError`` naming the sequence, before any request reaches vLLM (a bad token id
   would otherwise crash a worker). A sequence longer than ``max_model_len - 1`` is truncated as
-  the stock code does, with a warning that names the sequence and both lengths. The stock code
+  the stock code does, with one warning per generator that counts the call's sequences cut and
+  names the first of them with both lengths (later calls: DEBUG; the stock script cuts every
+  full-length sample by one token, once per batch). The stock code
   gets each sequence as a new 1-D int64 tensor (``TENSORS``: it takes a tensor's list for the
   request, and its ``torch.as_tensor`` of the result's ``input_ids`` is then the tensor itself,
   not a conversion of 1,000s of Python ints per sequence), else as a new list of ints.
@@ -48,6 +52,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import weakref
 
 from speculators_compat.patching import GENERATOR, InvalidInputError, Probe, declare, inputs
 
@@ -222,6 +227,8 @@ def recover(generator) -> None:
 
 #: generator class -> whether its stock ``generate`` takes tensors (read once per class)
 _takes_tensors: dict = {}
+#: generator -> [True] once a truncation was said (one warning per generator)
+_truncation_said: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -234,7 +241,11 @@ def _generate(wrapped, instance, args, kwargs):
     if tensors is None:
         tensors = _takes_tensors[cls] = takes_tensors(cls.generate)
     config = instance.vllm_config.model_config
-    ids = normalize(token_ids, config.get_vocab_size(), config.max_model_len - 1, tensors)
+    try:
+        said = _truncation_said.setdefault(instance, [])
+    except TypeError:  # a generator that cannot be weakly referenced: one warning per call
+        said = None
+    ids = normalize(token_ids, config.get_vocab_size(), config.max_model_len - 1, tensors, said)
     try:
         return wrapped(ids, *rest, **kwargs)
     except Exception:

@@ -280,6 +280,21 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
+#: what speculators_compat itself depends on (setup.cfg's install_requires)
+DEPENDENCIES = ("wrapt", "packaging")
+
+
+def _missing_dependency(exc: BaseException) -> str | None:
+    """The line for a check run from a checkout in a Python without the project's own
+    dependencies (it was never installed there), else None."""
+    name = (getattr(exc, "name", None) or "").partition(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or name not in DEPENDENCIES:
+        return None
+    return (f"speculators_compat check: {name}, which speculators_compat needs, is not installed in this Python "
+            f"({sys.executable}): install the project into it -- `pip install .` at the root of the clone (it brings "
+            f"{' and '.join(DEPENDENCIES)}) -- or `pip install {' '.join(DEPENDENCIES)}`")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="speculators-compat check", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -306,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         with _stdout_to_stderr():
             rep = report(deep=args.deep, vllm_root=args.vllm_root)
     except Exception as exc:  # the check must say what broke, not crash with a trace
-        print(f"speculators_compat check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(_missing_dependency(exc) or f"speculators_compat check failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         return 2
     if args.constraints:
         out, found = _constraints(rep, args.platform)

@@ -5,7 +5,10 @@ Where the application configured logging (a handler on the root logger), the lib
 reach it by propagation and nothing else is printed. Where it did not, the library's warnings
 and errors would be lost (a library's ``NullHandler`` silences Python's last-resort output), so
 one stderr handler prints them -- and the runner's INFO lines, and everything with
-``SPECULATORS_COMPAT_VERBOSE=1`` -- itself."""
+``SPECULATORS_COMPAT_VERBOSE=1`` -- itself. In a vLLM worker its lines start as vLLM's do, with
+the process's name (``(Worker_TP1 pid=123) ``): vLLM 0.11 - 0.16 prefixed the worker's stderr
+itself, later releases put the name on each log record (``vllm_process_name``) for their own
+formatter only, and the ranks' lines would otherwise be told apart by nothing."""
 
 from __future__ import annotations
 
@@ -26,6 +29,18 @@ def _handler_class():
     if _classes:
         return _classes[0]
 
+    class Named(logging.Formatter):
+        """:data:`FORMAT`, after the vLLM process's name where vLLM put one on the record."""
+
+        def format(self, record) -> str:
+            line = super().format(record)
+            name = getattr(record, "vllm_process_name", None)
+            if not name or name == "MainProcess":  # not a vLLM worker (the driver)
+                return line
+            if hasattr(sys.stderr, "start_new_line"):  # vLLM prefixes this stderr itself (vllm.utils' _add_prefix)
+                return line
+            return f"({name} pid={record.process}) {line}"
+
     class Fallback(logging.StreamHandler):
         """Prints a record of the library to stderr when no handler of the application's would:
         the root logger has none (and none but this one sits on the library's loggers). The
@@ -34,7 +49,7 @@ def _handler_class():
         def __init__(self) -> None:
             super().__init__(sys.stderr)
             self.levels: dict[str, int] = {NAME: logging.WARNING}
-            self.setFormatter(logging.Formatter(FORMAT))
+            self.setFormatter(Named(FORMAT))
 
         def filter(self, record) -> bool:
             if logging.getLogger().handlers:

@@ -5,13 +5,15 @@ surface minutes later, deep in the stock script's preprocessing (``HFValidationE
 must be in the form ...``), after the output folder was created. :func:`check` runs before the
 runner touches the output folder and before the stock script's preprocessing starts, and raises
 :class:`~speculators_compat.errors.InvalidInputError` with the generator's own wording (the
-nearest folder that exists):
+nearest folder that exists). :func:`check_early` runs the same checks on the paths spelt out on
+the command line before the script runs at all (its imports take 10 s and more):
 
 * ``--target-model-path``: a local path (absolute, ``./``, ``../``, ``~``, or not of a hub id's
   form) must be a readable model folder with its ``config.json`` (the ``guard-input`` check); a
   hub id offline must be in the hub cache; online, one request asks the hub for it (one try,
-  a short timeout): no such model, or no hub reachable and the model not cached, is an error
-  that says what to do (``HF_HUB_OFFLINE=1`` with a cached model, or a local folder);
+  a short timeout; the generator's check reuses the answer): no such model, or no hub reachable
+  and the model not cached, is an error that says what to do (``HF_HUB_OFFLINE=1`` with a cached
+  model, or a local folder);
 * ``--train-data-path``: a path that looks like a local file (a folder separator, ``~``, or a
   data file's extension) must exist; a dataset name (``sharegpt``) is left to the script;
 * ``--output-dir``: its parent folder must exist (a typo in it would otherwise be created) and
@@ -20,19 +22,15 @@ nearest folder that exists):
 
 from __future__ import annotations
 
-import logging
 import os
 
 from ..errors import InvalidInputError
+from ..inputs import HUB_TIMEOUT  # the one request's limit (``SPECULATORS_COMPAT_HUB_TIMEOUT``)
 
 __all__ = ["check", "ArgumentError", "DATA_SUFFIXES", "HUB_TIMEOUT"]
 
 #: the extensions of a local data file (``--train-data-path``)
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
-#: seconds the one request to the hub may take (``SPECULATORS_COMPAT_HUB_TIMEOUT``)
-HUB_TIMEOUT = 10.0
-
-log = logging.getLogger("speculators_compat.run")
 
 
 class ArgumentError(InvalidInputError):
@@ -79,55 +77,6 @@ def check_output_dir(value) -> None:
         raise ArgumentError(f"--output-dir {text!r}: its parent folder {parent} cannot be written by this user")
 
 
-def _hub_timeout() -> float:
-    try:
-        return float(os.environ.get("SPECULATORS_COMPAT_HUB_TIMEOUT", HUB_TIMEOUT))
-    except ValueError:
-        return HUB_TIMEOUT
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
-
-
-def check_hub_model(repo_id: str) -> None:
-    """One request to the hub for ``repo_id`` (online only; offline, guard-input's cache check)."""
-    guard = _guard()
-    if guard.offline() is not None:
-        return  # check_model_path did the offline check (the hub cache)
-    try:
-        import huggingface_hub
-        from huggingface_hub import errors as hub_errors
-    except ImportError:
-        return
-    try:
-        huggingface_hub.model_info(repo_id, timeout=_hub_timeout())
-        return
-    except hub_errors.GatedRepoError:
-        return  # it exists: access is the stock script's (and the token's) business
-    except hub_errors.RepositoryNotFoundError:
-        raise ArgumentError(
-            f"--target-model-path {repo_id!r}: no local folder {os.path.join(os.getcwd(), repo_id)} exists, and the "
-            "Hugging Face hub has no model of that id (or it is private: log in with `hf auth login`); give the "
-            "model's local folder or an existing hub id") from None
-    except hub_errors.HfHubHTTPError as exc:
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        if status is None or status >= 500:
-            return  # the hub itself is having trouble: the stock script's own retries may get through
-        reason = _first_line(exc)  # e.g. a proxy's 404 for every address: this is not the hub answering
-    except Exception as exc:  # noqa: BLE001 - requests', httpx' and the socket's own connection errors
-        reason = _first_line(exc)
-    if guard.hub_cached(repo_id):
-        log.warning("the Hugging Face hub is unreachable (%s): %r is in the local hub cache; run with "
-                    "HF_HUB_OFFLINE=1 to load it from there without the hub's retries", reason, repo_id)
-        return
-    raise ArgumentError(
-        f"--target-model-path {repo_id!r}: no local folder {os.path.join(os.getcwd(), repo_id)} exists, and the "
-        f"Hugging Face hub cannot be reached to download it ({reason}); give the model's local folder, or download "
-        "it where the hub is reachable (`hf download ID`) and run with HF_HUB_OFFLINE=1")
-
-
 def check(namespace) -> None:
     """Check the paths of the stock script's parsed arguments (see the module docstring)."""
     guard = _guard()
@@ -137,7 +86,31 @@ def check(namespace) -> None:
             guard.check_model_path(model)
         except InvalidInputError as exc:
             raise ArgumentError(f"--target-model-path: {exc}") from None
-        if not guard.is_local(model):
-            check_hub_model(os.fspath(model))
     check_train_data(getattr(namespace, "train_data_path", None))
     check_output_dir(getattr(namespace, "output_dir", None))
+
+
+#: the options :func:`check_early` reads from the command line, by their attribute
+EARLY = {"--target-model-path": "target_model_path", "--train-data-path": "train_data_path",
+         "--output-dir": "output_dir"}
+
+
+def check_early(argv: list[str]) -> None:
+    """:func:`check` on the paths spelt out in the stock script's command line (``--opt VALUE`` or
+    ``--opt=VALUE``, the last one given), before the script runs: the stock script imports torch,
+    vLLM and speculators (10 s and more) before it parses its arguments. What this does not read
+    (an abbreviated option, ``--help``) is checked when the script has parsed them, as before."""
+    if any(arg in ("-h", "--help") for arg in argv) or "--" in argv:
+        return
+    found = {}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name not in EARLY:
+            continue
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                continue  # argparse's to refuse
+            value = argv[i + 1]
+        found[EARLY[name]] = value
+    if found:
+        check(type("Arguments", (), found)())

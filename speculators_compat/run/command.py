@@ -261,6 +261,9 @@ def _run(argv: list[str], explicit=None) -> int:
         if narrowed is not None:
             _log().info("%s: CUDA_VISIBLE_DEVICES=%s (its share of the node's GPUs)", shard.describe(), narrowed)
     if found is not None:
+        from . import arguments
+
+        arguments.check_early(argv[1:])  # a typo ends before the script's imports (torch, vLLM: 10 s and more)
         _arm_output_folder(found, patcher, shard)
     sys.argv = [script, *argv[1:]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

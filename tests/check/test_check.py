@@ -234,6 +234,23 @@ def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path)
     assert " v5, " in line and "guard-input" in line, line
 
 
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("missing", ["wrapt", "packaging"])
+def test_check_in_a_python_without_the_projects_dependencies_says_to_install_the_project(tmp_path, missing):
+    """From a checkout, in a Python where the project was never installed: one line saying to
+    install it (``pip install .``), exit code 2, no traceback."""
+    code = (f"import runpy, sys; sys.modules[{missing!r}] = None; "  # import of it: ModuleNotFoundError
+            "runpy.run_module('speculators_compat.check', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(CHECKOUT)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"speculators_compat check: {missing}, which speculators_compat needs, is not installed" in proc.stderr
+    assert "`pip install .` at the root of the clone" in proc.stderr, proc.stderr
+
+
 def test_the_runtime_binding_looks_worker_calls_up_where_the_worker_imports_them():
     from speculators_compat.check.calls import Call
     from speculators_compat.check.checks import runtime_signature as _runtime_signature

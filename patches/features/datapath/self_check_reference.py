@@ -111,8 +111,26 @@ def _setup(wrapped, instance, args, kwargs):
     else:
         why = compare.install_worker(instance, base, step_rows=step_rows)
     if why:
-        log.warning("self-check: off in this worker: %s", why)
+        say_off(why, _tp_rank())
     return result
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tp_group
+
+        return get_tp_group().rank_in_group
+    except Exception:  # noqa: BLE001 - no TP group (yet): the line is said, as by rank 0
+        return 0
+
+
+def say_off(why: str, rank: int) -> None:
+    """The self-check is off in the workers (the same model, the same reason, on every rank): TP
+    rank 0 says so once for the run; the other ranks at DEBUG, each with its rank."""
+    if rank:
+        log.debug("self-check: off in this worker (tp rank %d): %s", rank, why)
+    else:
+        log.warning("self-check: off in the workers (said by tp rank 0 for every rank): %s", why)
 
 
 apply = wrapping({"HiddenStatesWorkerExtension._setup_hidden_states_capture": _setup})

@@ -164,3 +164,19 @@ def test_worker_reference_of_a_request_split_over_steps_and_missing_positions():
     got = state.compare(None)
     assert (got[0]["missing"], got[0]["first_missing"]) == (3, 0)
     assert "no state for 3 of its 9 positions" in selfcheck.verdict(got, 0.03)
+
+
+def test_self_check_off_in_the_workers_is_said_once_for_the_run_not_once_per_rank(caplog):
+    """Every TP rank sets up the same model and finds the same reason: rank 0 warns, the others'
+    lines (naming their rank) are DEBUG -- not TP identical warnings."""
+    from speculators_compat.patches.features.datapath import self_check_reference as ref
+
+    with caplog.at_level("DEBUG", logger="speculators_compat"):
+        for rank in range(4):
+            ref.say_off("X has no final norm or compute_logits", rank)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == ["self-check: off in the workers (said by tp rank 0 for every rank): X has no final norm "
+                      "or compute_logits"], warned
+    debug = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    assert [m.split(":")[1] for m in debug] == [" off in this worker (tp rank 1)", " off in this worker (tp rank 2)",
+                                                " off in this worker (tp rank 3)"], debug

@@ -87,21 +87,97 @@ def test_a_relative_and_a_home_path_are_checked(tmp_path, monkeypatch):
     assert path == str(folder) and config == {"num_hidden_layers": 4}  # expanded: transformers would not
 
 
-def online(monkeypatch):
+def online(monkeypatch, answer=("found", "")):
+    """Online, with the hub's answer to every id ``answer`` (no request leaves the test); returns
+    the ids asked."""
     for var in guard_input.OFFLINE_VARS:
         monkeypatch.delenv(var, raising=False)
+    asked = []
+    monkeypatch.setattr(inputs, "ask_hub", lambda repo: asked.append(repo) or answer)
+    monkeypatch.setattr(inputs, "_answers", {})
+    monkeypatch.setattr(inputs, "_said", set())
+    return asked
 
 
-def test_a_hub_id_is_left_to_transformers(tmp_path, monkeypatch, caplog):
+def test_a_hub_id_the_hub_has_is_left_to_transformers(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
-    online(monkeypatch)
+    asked = online(monkeypatch)
     with caplog.at_level("INFO", logger="speculators_compat"):
         assert guard_input.check_model_path("org/name") == ("org/name", None)
         assert guard_input.check_model_path("gpt2") == ("gpt2", None)
-    # one line, at once, for the path-shaped one only: it may have been meant as a folder
+        assert guard_input.check_model_path("org/name") == ("org/name", None)
+    # one line, at once, for the path-shaped one only: it may have been meant as a folder; each id asked once
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"model 'org/name': no local folder {tmp_path / 'org' / 'name'} exists; trying it as a "
                      "Hugging Face hub id"]
+    assert asked == ["org/name", "gpt2"]
+
+
+def test_online_a_hub_id_the_hub_does_not_have_is_named_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    asked = online(monkeypatch, ("missing", ""))
+    for _ in range(2):  # the runner's check, then the generator's: one request
+        with pytest.raises(InvalidInputError) as err:
+            guard_input.check_model_path("nobody/no-such-model")
+        assert "the Hugging Face hub has no model of that id" in str(err.value), err.value
+    assert asked == ["nobody/no-such-model"]
+
+
+def test_online_an_unreachable_hub_and_a_model_not_cached_is_named_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    online(monkeypatch, ("unreachable", "ConnectionError: [Errno 111] Connection refused"))
+    monkeypatch.setattr(inputs, "hub_cached", lambda repo: False)
+    with pytest.raises(InvalidInputError) as err:
+        guard_input.check_model_path("org/name")
+    text = str(err.value)
+    assert "the Hugging Face hub cannot be reached to download it (ConnectionError: [Errno 111] Connection refused)" \
+        in text and "HF_HUB_OFFLINE=1" in text and "SPECULATORS_COMPAT_HUB_TIMEOUT" not in text, text
+    inputs._answers.clear()
+    online(monkeypatch, ("unreachable", "ConnectTimeout: timed out"))
+    monkeypatch.setenv("SPECULATORS_COMPAT_HUB_TIMEOUT", "3")
+    with pytest.raises(InvalidInputError, match="no answer in 3 s, SPECULATORS_COMPAT_HUB_TIMEOUT"):
+        guard_input.check_model_path("org/name")
+
+
+def test_online_an_unreachable_hub_and_a_cached_model_warns_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    asked = online(monkeypatch, ("unreachable", "ConnectionError: [Errno 111] Connection refused"))
+    monkeypatch.setattr(inputs, "hub_cached", lambda repo: True)
+    with caplog.at_level("WARNING", logger="speculators_compat"):
+        for _ in range(3):
+            assert guard_input.check_model_path("org/name") == ("org/name", None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "run with HF_HUB_OFFLINE=1" in warnings[0], warnings
+    assert asked == ["org/name"]
+
+
+def test_a_hub_timeout_of_zero_asks_nothing_and_leaves_the_id_to_transformers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    asked = online(monkeypatch, ("missing", ""))
+    monkeypatch.setenv("SPECULATORS_COMPAT_HUB_TIMEOUT", "0")
+    assert guard_input.check_model_path("org/name") == ("org/name", None) and asked == []
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 10.0), ("2.5", 2.5), ("0", 0.0), ("-1", 10.0), ("x", 10.0)])
+def test_the_hub_timeout_is_read_from_the_environment(monkeypatch, value, seconds):
+    if value is None:
+        monkeypatch.delenv("SPECULATORS_COMPAT_HUB_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("SPECULATORS_COMPAT_HUB_TIMEOUT", value)
+    assert inputs.hub_timeout() == seconds
+
+
+def test_the_hub_is_asked_once_with_the_timeout_and_a_refused_connection_is_unreachable(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    import subprocess
+
+    code = ("from speculators_compat import inputs; print(inputs.ask_hub('nobody/no-such-model'))")
+    env = {k: v for k, v in os.environ.items() if k not in guard_input.OFFLINE_VARS}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))  # nothing listens on port 9
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("('unreachable', ") and "Connection refused" in out.stdout, out.stdout + out.stderr
+    assert "Retrying" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("var", guard_input.OFFLINE_VARS)
@@ -306,6 +382,33 @@ def test_bad_input_is_named(bad, message):
     with pytest.raises(InvalidInputError) as err:
         guard_input.normalize(bad, 10, 100)
     assert message in str(err.value)
+
+
+def test_sequences_cut_to_the_length_are_said_once_per_call_with_their_count(caplog):
+    """The stock script cuts every full-length sample by one token (seq_length = max_model_len):
+    one line per call, counting them, not one per sequence."""
+    batch = [list(range(8)) for _ in range(63)] + [[1, 2]]
+    with caplog.at_level("DEBUG", logger="speculators_compat"):
+        out = guard_input.normalize(batch, 10, 7)
+    assert out == batch  # lists: the stock code cuts them
+    lines = [r for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelname == "WARNING", [r.getMessage() for r in lines]
+    assert lines[0].getMessage() == (
+        "63 of 64 sequences have more than max_model_len - 1 = 7 tokens (sequence 0 has 8, sequence 1 has 8, "
+        "sequence 2 has 8, ...): truncated to 7 tokens, as the stock code does")
+
+
+def test_a_generator_says_its_truncations_once_and_its_later_calls_at_debug(caplog):
+    """Per generator (``said``): the first call that cuts warns, the later ones log at DEBUG."""
+    said: list = []
+    with caplog.at_level("DEBUG", logger="speculators_compat"):
+        for _ in range(3):
+            guard_input.normalize([list(range(9)), [1]], 10, 6, said=said)
+        guard_input.normalize([[1]], 10, 6, said=said)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "truncated" in r.getMessage()]
+    assert [level for level, _ in lines] == ["WARNING", "DEBUG", "DEBUG"], lines
+    assert lines[0][1].startswith("sequence 0 has 9 tokens, more than max_model_len - 1 = 6: truncated to 6 tokens")
+    assert "said once per generator" in lines[0][1] and "SPECULATORS_COMPAT_VERBOSE=1" in lines[0][1], lines[0][1]
 
 
 def test_a_large_batch_is_checked_whole():
