@@ -222,11 +222,11 @@ def test_a_full_disk_ends_the_run_with_the_cause_and_the_cure_and_the_same_comma
 
     m = re.fullmatch(r"speculators-compat run: no space left on the device holding the output folder "
                      rf"{re.escape(str(disk))}/out \(mounted at {re.escape(str(disk))}: (.+) free of 200\.0 KiB\)\. "
-                     r"(\d+) samples are complete \(data_0\.pt - data_(\d+)\.pt\)\. Free space there and run the "
-                     r"same command: it resumes at data_(\d+)\.pt\.", last)
-    assert m, last
-    n = int(m.group(2))
-    assert 0 < n < 32 and int(m.group(3)) == n - 1 and int(m.group(4)) == n, last
+                     r"(?:(\d+) samples are complete \(data_0\.pt - data_(\d+)\.pt\)|1 sample is complete "
+                     r"\(data_0\.pt\))\. Free space there and run the same command: it resumes at data_(\d+)\.pt\.", last)
+    assert m, last  # how many fit before the disk fills depends on the saving threads' timing: 1 or more
+    n = int(m.group(2) or 1)
+    assert 0 < n < 32 and int(m.group(3) or 0) == n - 1 and int(m.group(4)) == n, last
     assert set(range(n)) <= set(complete), (n, complete)  # every sample it counts is there
     second = (tmp_path / "second.log").read_text()
     assert (tmp_path / "second.rc").read_text().strip() == "0", second
