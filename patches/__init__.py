@@ -8,8 +8,9 @@ patches of a group share (their kind, ranges, target) is the group's ``PATCH_DEF
 one target module, a patch applies after the patches its ``after=`` names, and so wraps them (the
 guards wrap the repaired generator): ``after=`` is declared where a patch wraps a name another
 patch touched, or uses its module; patches that ``after=`` does not order apply in the order of
-their groups here, then of their ids. The engine's checks (:mod:`speculators_compat.core.preflight`)
-run after every patch of their target and read the ``calls=`` of those that apply.
+their groups here, then of their ids. The engine's checks (:mod:`speculators_compat.check.checks`,
+run by :mod:`speculators_compat.core.preflight`) run after every patch of their target and read
+the ``calls=`` of those that apply.
 A patch imports another patch's module only when it applies after it.
 
 The private modules hold what several patches use: ``_probes`` (helpers for probes), ``_ranges``
