@@ -5,6 +5,7 @@
                                                   [--vllm-extract [--vllm-extract-dir DIR]] [--tp N]
     python benchmarks/gpu.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR]
                                                   [--prefill-json BENCH_FILE] [--runs N] [--writer torch|direct]
+                                                  [--sync file|batch] [--delete-saved]
 
 ``bench`` (``extract.py``): one process, every engine alive on the same GPU(s) (``--tp N``: each
 tensor parallel over N), built once: vLLM's own eager prefill (``LLM(enforce_eager=True,
@@ -80,6 +81,9 @@ def main(argv=None):
     s.add_argument("--writer", choices=("torch", "direct"),
                    help="SPECULATORS_COMPAT_SAVE_WRITER for the runs (torch: the save path before the direct writer)")
     s.add_argument("--disk-writers", type=int, default=4, help="the disk's bandwidth with this many writers too")
+    s.add_argument("--delete-saved", action="store_true",
+                   help="delete each sample file once counted under its final name (runs longer than the disk holds)")
+    s.add_argument("--sync", choices=("file", "batch"), help="SPECULATORS_COMPAT_SAVE_SYNC for the runs")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         print(json.dumps(common.build(Path(args.root), args.names)))
@@ -92,7 +96,8 @@ def main(argv=None):
         import stock
 
         stock.stock(args.model, Path(args.out), args.calls, args.batch, args.len, Path(args.disk), args.disk_gib,
-                    args.util, args.prefill_json, args.save_gib, args.runs, args.writer, args.disk_writers)
+                    args.util, args.prefill_json, args.save_gib, args.runs, args.writer, args.disk_writers,
+                    args.delete_saved, args.sync)
 
 
 if __name__ == "__main__":

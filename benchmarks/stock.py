@@ -44,8 +44,9 @@ def disk_bandwidth(folder: Path, gib: float, writers: int = 1) -> float:
 def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: int, rounds: int = 2) -> dict:
     """Bytes/s of the stock script's save path, from memory the way ``results-in-place`` hands it
     out (blocks of one shared-memory segment, each its own tensor), 4 threads as the stock script:
-    through ``atomic-save`` (temporary file, fsync, rename: what ``speculators-compat run`` does)
-    with its direct writer (``direct``: the storages written by ``os.pwrite`` outside the GIL, no
+    through ``atomic-save`` (temporary file, fsync, rename: what ``speculators-compat run`` does;
+    ``direct``: the fsyncs and renames by its committer, ``direct_sync_file``: by each saving thread,
+    ``SPECULATORS_COMPAT_SAVE_SYNC=file``) with its direct writer (``direct``: the storages written by ``os.pwrite`` outside the GIL, no
     CRC) and with ``torch.save``'s own writer (``torch``: ``SPECULATORS_COMPAT_SAVE_WRITER=torch``,
     the save path before the direct writer); plain ``torch.save`` to the final name with one
     ``sync`` at the end (``plain4_sync``: the stock script without ``atomic-save``, made durable); and
@@ -82,17 +83,20 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
                                   .view(torch.bfloat16).view(length, hidden) for j in range(layers)],
                 "loss_mask": torch.ones(length, dtype=torch.long)} for i in range(n)]
 
-    def atomic4(out: Path, writer: str):
+    def atomic4(out: Path, writer: str, sync: str = "batch"):
         os.environ[atomic_save.WRITER_ENV] = writer
+        os.environ[atomic.SYNC_ENV] = sync
         atomic.protect(out)
         try:
             with ThreadPoolExecutor(4) as pool:
                 for f in [pool.submit(atomic_save._torch_save, torch.save, None, (d, out / f"data_{i}.pt"), {})
                           for i, d in enumerate(samples)]:
                     f.result()
+            atomic.flush()  # the last file renamed
         finally:
             atomic.unprotect(out)
             os.environ.pop(atomic_save.WRITER_ENV, None)
+            os.environ.pop(atomic.SYNC_ENV, None)
 
     def plain4(out: Path):
         with ThreadPoolExecutor(4) as pool:
@@ -106,12 +110,13 @@ def save_bandwidth(folder: Path, gib: float, hidden: int, layers: int, length: i
         fsync = os.fsync
         os.fsync = lambda fd: None
         try:
-            atomic4(out, "direct")
+            atomic4(out, "direct", "file")
         finally:
             os.fsync = fsync
         os.sync()
 
     ways = {"direct": lambda out: atomic4(out, "direct"), "torch": lambda out: atomic4(out, "torch"),
+            "direct_sync_file": lambda out: atomic4(out, "direct", "file"),
             "plain4_sync": plain4, "direct_one_sync": one_sync}
     got: dict = {name: [] for name in ways}
     for r in range(rounds):
@@ -155,7 +160,7 @@ def _shm_used() -> int:
 
 def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path, disk_gib: float,
           util: float, prefill_json: str | None = None, save_gib: float = 2.0, runs: int = 1,
-          writer: str | None = None, disk_writers: int = 4) -> dict:
+          writer: str | None = None, disk_writers: int = 4, delete_saved: bool = False, sync: str | None = None) -> dict:
     """The ``stock`` command (the module's docstring says what it measures): the disk's bandwidth
     (one writer and ``disk_writers``) and the save path's, then ``runs`` runs of the stock script
     through ``speculators-compat run`` (the output removed between them), their memory sampled;
@@ -167,7 +172,8 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
     report: dict = {"model": model, "calls": calls, "batch": batch, "length": length,
                     "record_dir": os.environ.get("SPECULATORS_COMPAT_RECORD") or None,
                     "async_steps_env": os.environ.get("SPECULATORS_COMPAT_ASYNC_STEPS"),
-                    "save_writer": writer or "as installed (direct where torch allows)"}
+                    "save_writer": writer or "as installed (direct where torch allows)",
+                    "save_sync": sync or "as installed", "deleted_when_counted": delete_saved}
     report["disk_bytes_s"] = round(disk_bandwidth(disk, disk_gib))
     report["disk_bytes_s_writers"] = {"1": report["disk_bytes_s"]}
     if disk_writers > 1:
@@ -184,11 +190,12 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
         report["prefill_json_missing"] = prefill_json  # run bench first: the runs are kept, without the ratios
     elif prefill_json:
         bench_report = json.loads(Path(prefill_json).read_text())
-    env = dict(os.environ, **({"SPECULATORS_COMPAT_SAVE_WRITER": writer} if writer else {}))
+    env = dict(os.environ, **({"SPECULATORS_COMPAT_SAVE_WRITER": writer} if writer else {}),
+               **({"SPECULATORS_COMPAT_SAVE_SYNC": sync} if sync else {}))
     report["runs"] = []
     for i in range(runs):
         one = _stock_run(model, disk, data, rows, length, batch, util, layer_ids, env,
-                         Path(f"{out}.child{'' if i == 0 else i + 1}.log"))
+                         Path(f"{out}.child{'' if i == 0 else i + 1}.log"), delete_saved)
         if bench_report is not None and "tokens_s" in one:
             _against_prefill(one, report, bench_report, len(layer_ids) * cfg["hidden_size"] * 2)
         if i:
@@ -203,26 +210,62 @@ def stock(model: str, out: Path, calls: int, batch: int, length: int, disk: Path
 
 
 def _stock_run(model: str, disk: Path, data: Path, rows: list, length: int, batch: int, util: float, layer_ids,
-               env: dict, log: Path) -> dict:
-    """One run of the stock script into ``disk/out`` (removed before and after): its figures."""
+               env: dict, log: Path, delete_saved: bool = False) -> dict:
+    """One run of the stock script into ``disk/out`` (removed before and after): its figures.
+    ``delete_saved``: each sample file is deleted once counted under its final name (runs longer
+    than the disk holds)."""
     outdir = disk / "out"
     subprocess.run(["rm", "-rf", str(outdir)], check=True)
     cmd = _stock_command(model, data, outdir, length, batch, util, layer_ids)
+    counted: dict[str, tuple[int, float]] = {}  # a sample file under its final name: (size, ctime)
+    stop = threading.Event()
+
+    def count(remove: bool) -> None:
+        """Count every sample file under its final name (its size, and its ctime: the rename);
+        ``remove``: then delete it (it is complete and on the disk: the save path fsyncs a file
+        before it gets its final name, so removing it cancels no write-back)."""
+        try:
+            names = [e.name for e in os.scandir(outdir) if e.name.startswith("data_") and e.name.endswith(".pt")]
+        except OSError:
+            return
+        for name in names:
+            if name in counted:
+                continue
+            try:
+                st = os.stat(outdir / name)
+                counted[name] = (st.st_size, st.st_ctime)
+                if remove:
+                    os.unlink(outdir / name)
+            except OSError:
+                pass
+
+    def deleter() -> None:
+        while not stop.wait(0.5):
+            count(True)
+
+    remover = threading.Thread(target=deleter, daemon=True) if delete_saved else None
     t_start = time.time()
-    rc, lines, samples, end = _run_sampled(cmd, env)
+    if remover:
+        remover.start()
+    try:
+        rc, lines, samples, end = _run_sampled(cmd, env)
+    finally:
+        stop.set()
+        if remover:
+            remover.join()
+    count(False)
     log.write_text("\n".join(line for _, line in lines) + "\n")  # the whole run's output
-    report: dict = {"rc": rc}
+    report: dict = {"rc": rc, "deleted_when_counted": delete_saved}
     report["log_tail"] = [line for _, line in lines if any(k in line for k in ("run:", "saved", "Error", "WARNING"))][-8:]
-    files = sorted(outdir.glob("data_*.pt"))
     gen = [(t, int(m.group(1)), int(m.group(2)), float(m.group(3))) for t, line in lines
            if (m := _GEN_LINE.search(line))]
-    report.update(files=len(files), bytes=sum(f.stat().st_size for f in files), run_s=round(end - t_start, 1))
-    if not (files and gen):
+    report.update(files=len(counted), bytes=sum(v[0] for v in counted.values()), run_s=round(end - t_start, 1))
+    if not (counted and gen):
         report["error"] = "no file saved or no generate() line seen"
         subprocess.run(["rm", "-rf", str(outdir)], check=True)
         return report
-    done = sorted(f.stat().st_ctime for f in files)  # the rename (and the chmod just before it)
-    report["tokens"] = sum(len(r) for r in rows[:len(files)])
+    done = sorted(v[1] for v in counted.values())  # the rename (and the chmod just before it)
+    report["tokens"] = sum(len(r) for r in rows[:len(counted)])
     first_call = _pipeline_figures(report, gen, done, report["tokens"], t_start, end)
     run = next((m for _, line in lines if (m := _RUN_LINE.search(line))), None)
     if run:

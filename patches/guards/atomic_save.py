@@ -12,7 +12,12 @@ wrapped. A write whose destination is a path directly inside a folder registered
 :func:`speculators_compat.services.atomic.protect` -- ``speculators-compat run`` registers the
 stock script's ``--output-dir`` -- goes to a temporary file in the same folder
 (``.<name>.<random>.tmp``), which is fsynced, given the permissions ``open()`` would give
-it, and renamed over the final name (:func:`speculators_compat.services.atomic.atomic_path`). Any
+it, and renamed over the final name (:func:`speculators_compat.services.atomic.atomic_path`). For
+``torch.save`` the fsync and the rename are deferred: the save returns once the file is written and
+its write-back started, and one committer thread fsyncs and renames the files in batches (the
+saving threads do not wait for the disk one file at a time; ``SPECULATORS_COMPAT_SAVE_SYNC=file``
+turns this off); ``Path.write_text`` (``data_config.json``) waits for them first, and the runner
+waits for the last at the end of the run. Any
 other destination (a file object, another folder, every write when nothing is registered)
 goes through unchanged. A kill leaves at most a temporary file, which the next run's resume
 sets aside.
@@ -202,7 +207,7 @@ def _torch_save(wrapped, instance, args, kwargs):
     if final is None:
         return wrapped(*args, **kwargs)
     try:
-        with atomic.atomic_path(final) as tmp:
+        with atomic.atomic_path(final, defer=True) as tmp:
             if _use_direct(args, kwargs):
                 return _direct_save(args[0] if args else kwargs["obj"], tmp)
             if in_kwargs:

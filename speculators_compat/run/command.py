@@ -274,6 +274,15 @@ def _run(argv: list[str], explicit=None) -> int:
     return 0
 
 
+def _commit_saves(raise_failed: bool = True) -> None:
+    """Wait for the samples whose fsync and rename the ``atomic-save`` patch handed to its
+    committer (the run's extraction ends when the last is renamed); ``raise_failed``: a save
+    into the output folder that failed raises here, so the run does not end as a success."""
+    from ..services import atomic
+
+    atomic.flush(raise_failed=raise_failed)
+
+
 def _write_manifest(manifest, status: str) -> None:
     try:
         manifest.write(status)
@@ -358,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     last = None  # the line printed last: a full disk's cause and cure
     try:
         code = _run(argv, explicit)
+        _commit_saves()
         status = "finished"
         return code
     except KeyboardInterrupt:
@@ -375,6 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as exc:
         status = "finished" if exc.code in (None, 0) else f"exited with code {exc.code}"
+        if exc.code in (None, 0):
+            try:
+                _commit_saves()
+            except OSError as error:
+                status = f"failed: {type(error).__name__}: {error}"[:2000]
+                print(f"speculators-compat run: {error}", file=sys.stderr)
+                return 1
         raise
     except Exception as exc:
         status = f"failed: {type(exc).__name__}: {exc}"[:2000]
@@ -400,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..services import manifest
         from . import resume
 
+        _commit_saves(raise_failed=False)  # the samples written before an error or an interrupt
         _write_manifest(manifest, status)
         resume.finish()
         diskfull.unwatch()

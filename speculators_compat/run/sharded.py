@@ -155,6 +155,7 @@ class _State:
     # -- save_config(args, generator, num_samples, output_dir) ---------------------------------
 
     def save_config(self, wrapped, instance, args, kwargs):
+        atomic.flush()  # this shard's last samples renamed (or their failure raised) before counting
         there = complete(self.folder, self.total)
         if there < self.total:
             _log().info(

@@ -10,6 +10,14 @@ and the test matrix's validation records all write through it.
 the ``atomic-save`` patch routes every ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes``
 whose destination :func:`protected` names through :func:`atomic_path`.
 
+:func:`atomic_path` with ``defer=True`` (the ``atomic-save`` patch's ``torch.save`` into a protected
+folder, unless ``SPECULATORS_COMPAT_SAVE_SYNC=file``) returns once the temporary file is written and
+its write-back started: one committer thread fsyncs the files handed to it in batches and renames
+each over its final name only once it is on the disk (then fsyncs the folder), so a file is still
+never seen under its final name incomplete, and the writers never wait for the disk themselves.
+:func:`flush` waits until every such file is renamed (a plain :func:`atomic_path`, the runner at the
+end of a run and an ``atexit`` handler call it); a failed fsync or rename is recorded as below.
+
 A write into a protected folder that fails (a full disk, a permission) is remembered
 (:func:`record_failure`): the stock script awaits its save futures only after its last batch, so the
 ``atomic-save`` patch calls :func:`raise_if_failed` at the start of every ``generate()`` and the run
@@ -19,6 +27,7 @@ stops at its next call with :class:`SaveFailedError` (an ``OSError`` with the or
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import tempfile
@@ -26,7 +35,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_text", "is_temporary", "protect", "unprotect", "protected", "TEMP_RE",
+__all__ = ["atomic_path", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect", "unprotect", "protected", "TEMP_RE",
            "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures"]
 
 #: the temporary files of :func:`atomic_path`: ``.<final name>.<random>.tmp``
@@ -39,6 +48,16 @@ _umask: list[int] = []
 _guard = threading.Lock()
 #: the first write into a protected folder that failed: (final path, the error)
 _failed: list[tuple[Path, OSError]] = []
+
+#: ``SPECULATORS_COMPAT_SAVE_SYNC=file``: every deferred write fsynced and renamed by its own writer
+SYNC_ENV = "SPECULATORS_COMPAT_SAVE_SYNC"
+#: the committer's queue: (temporary path, final path), and whether a batch is being committed
+_pending: list[tuple[str, Path]] = []
+_commit = threading.Condition(threading.Lock())
+_committing: list[bool] = [False]
+_committer: list[threading.Thread] = []
+_SYNC_FILE_RANGE_WRITE = 2
+_libc: list = []
 
 
 class SaveFailedError(OSError):
@@ -62,29 +81,140 @@ def _remember_umask() -> None:
             _umask.append(current)
 
 
+def deferred_sync() -> bool:
+    """Whether ``defer=True`` writes go to the committer (``SPECULATORS_COMPAT_SAVE_SYNC``, read at
+    each write: ``file`` turns it off)."""
+    return os.environ.get(SYNC_ENV, "").strip().lower() != "file"
+
+
+def _start_writeback(fd: int) -> None:
+    """Start writing the file's dirty pages to the disk without waiting (Linux ``sync_file_range``),
+    so that the disk is kept busy while the committer waits for earlier files; nothing elsewhere."""
+    if not _libc:
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            _libc.append(fn)
+        except (OSError, AttributeError):
+            _libc.append(None)
+    if _libc[0] is not None:
+        _libc[0](fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # an error here is found by the fsync
+
+
+def _fsync_path(path: str, start_only: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if start_only:
+            _start_writeback(fd)
+        else:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _finish(tmp: str, final: Path) -> None:
+    os.chmod(tmp, 0o666 & ~(_umask[0] if _umask else 0o022))
+    os.replace(tmp, final)
+
+
+def _unlink(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
 @contextmanager
-def atomic_path(final: str | os.PathLike):
+def atomic_path(final: str | os.PathLike, defer: bool = False):
     """Yield a temporary path next to ``final``; once the body has written it, it is fsynced,
     given the permissions a plain ``open()`` would have, and renamed over ``final``. On an
-    error the temporary file is removed and ``final`` is untouched."""
+    error the temporary file is removed and ``final`` is untouched.
+
+    ``defer``: (unless :func:`deferred_sync` says no) return once the file's write-back has
+    started; the committer thread fsyncs and renames it (a failure is recorded with
+    :func:`record_failure`). A write without ``defer`` first waits for the files handed over."""
     final = Path(final)
+    defer = defer and deferred_sync()
+    if not defer:
+        flush(raise_failed=False)  # e.g. data_config.json: after every sample before it
     fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{final.name}.", suffix=TEMP_SUFFIX, dir=final.parent)
     os.close(fd)
     try:
         yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o666 & ~(_umask[0] if _umask else 0o022))
-        os.replace(tmp, final)
+        _fsync_path(tmp, start_only=defer)
+        if defer:
+            _hand_over(tmp, final)
+        else:
+            _finish(tmp, final)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink(tmp)
         raise
+
+
+def _hand_over(tmp: str, final: Path) -> None:
+    with _commit:
+        _pending.append((tmp, final))
+        if not _committer or not _committer[0].is_alive():
+            _committer[:] = [threading.Thread(target=_commit_loop, name="speculators-compat-commit", daemon=True)]
+            _committer[0].start()
+        _commit.notify_all()
+
+
+def _commit_loop() -> None:
+    """Commit what was handed over, a batch at a time: fsync each file, rename the ones on the
+    disk, fsync their folders."""
+    while True:
+        with _commit:
+            while not _pending:
+                _commit.wait()
+            batch = list(_pending)
+            _pending.clear()
+            _committing[0] = True
+        try:
+            _commit_batch(batch)
+        finally:
+            with _commit:
+                _committing[0] = False
+                _commit.notify_all()
+
+
+def _commit_batch(batch: list[tuple[str, Path]]) -> None:
+    folders = set()
+    for tmp, final in batch:
+        try:
+            _fsync_path(tmp)
+            _finish(tmp, final)
+            folders.add(final.parent)
+        except OSError as error:
+            _unlink(tmp)
+            record_failure(final, error)
+    for folder in folders:
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # a folder that cannot be fsynced (some filesystems): the files are
+
+
+def flush(raise_failed: bool = True) -> None:
+    """Wait until every file handed to the committer is fsynced and renamed (or failed);
+    ``raise_failed``: then raise :class:`SaveFailedError` if a write into a protected folder failed."""
+    with _commit:
+        while _pending or _committing[0]:
+            if not _committer or not _committer[0].is_alive():
+                break  # no committer (a fork): nothing will move
+            _commit.wait()
+    if raise_failed:
+        raise_if_failed()
+
+
+atexit.register(flush, False)
 
 
 def write_text(final: str | os.PathLike, text: str) -> None:

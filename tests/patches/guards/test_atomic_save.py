@@ -117,6 +117,7 @@ def test_a_protected_torch_save_goes_through_the_direct_writer_and_the_switch_tu
         atomic_save._torch_save(torch.save, None, (sample, out / "data_1.pt"), {})
         monkeypatch.delenv(atomic_save.WRITER_ENV)
         atomic_save._torch_save(torch.save, None, (sample, out / "data_2.pt"), {"pickle_protocol": 2})
+        atomic.flush()  # the committer's fsyncs and renames
     finally:
         atomic.unprotect()
     assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_2.pt"]
@@ -169,3 +170,72 @@ def test_a_failed_save_stops_the_next_generate_call_with_its_error(tmp_path):
     assert isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename == str(out / "data_0.pt")
     assert err.__cause__ is raised.value and "data_0.pt" in str(err) and "No space left" in str(err)
     assert list(out.iterdir()) == []  # the temporary file is gone, nothing under the final name
+
+
+def test_the_committer_renames_a_sample_only_once_fsynced_and_a_failed_fsync_stops_the_next_call(tmp_path, monkeypatch):
+    """A protected ``torch.save`` hands its temporary file to the committer: after :func:`flush` it
+    has its final name and was fsynced before the rename; ``Path.write_text`` into the folder
+    (``data_config.json``, through ``atomic_path``) comes after the samples; an fsync that fails there leaves nothing under
+    the final name, and the next ``generate()`` raises ``SaveFailedError`` with its errno. With
+    ``SPECULATORS_COMPAT_SAVE_SYNC=file`` the save itself renames its file."""
+    import errno
+    import os
+
+    import pytest
+
+    from speculators_compat.patches.guards import atomic_save
+
+    out = tmp_path / "out"
+    out.mkdir()
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else str(fd)
+        events.append(("fsync", os.path.basename(name)))
+        if "data_bad" in name:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("rename", os.path.basename(str(src)), os.path.basename(str(dst))))
+        return real_replace(src, dst)
+
+    def plain_save(obj, f, *a, **k):
+        with open(f, "wb") as fh:
+            fh.write(b"x" * 100)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    atomic.clear_failures()
+    atomic.protect(out)
+    try:
+        for i in range(3):
+            atomic_save._torch_save(plain_save, None, ({}, out / f"data_{i}.pt"), {"pickle_protocol": 2})
+        atomic.write_text(out / "data_config.json", "{}")  # as the patched Path.write_text
+        names = sorted(p.name for p in out.iterdir())
+        assert names == ["data_0.pt", "data_1.pt", "data_2.pt", "data_config.json"]
+        for i in range(3):  # each sample fsynced (under its temporary name) before its rename
+            rename = next(k for k, e in enumerate(events) if e[0] == "rename" and e[2] == f"data_{i}.pt")
+            tmp = events[rename][1]
+            assert any(e == ("fsync", tmp) for e in events[:rename])
+        config = next(k for k, e in enumerate(events) if e[0] == "rename" and e[2] == "data_config.json")
+        assert all(k < config for k, e in enumerate(events) if e[0] == "rename" and e[2].endswith(".pt"))
+
+        atomic_save._torch_save(plain_save, None, ({}, out / "data_bad.pt"), {"pickle_protocol": 2})
+        atomic.flush(raise_failed=False)
+        assert not any(p.name.startswith(("data_bad", ".data_bad")) for p in out.iterdir())
+        with pytest.raises(atomic.SaveFailedError) as stopped:
+            atomic_save._generate(lambda: "rows", None, (), {})
+        assert stopped.value.errno == errno.EIO and stopped.value.filename == str(out / "data_bad.pt")
+        with pytest.raises(atomic.SaveFailedError):
+            atomic.flush()
+        atomic.clear_failures()
+
+        monkeypatch.setenv(atomic.SYNC_ENV, "file")
+        events.clear()
+        atomic_save._torch_save(plain_save, None, ({}, out / "data_3.pt"), {"pickle_protocol": 2})
+        assert (out / "data_3.pt").exists() and events[-1][0] == "rename"
+    finally:
+        atomic.unprotect()
+        atomic.clear_failures()
