@@ -35,8 +35,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect", "unprotect", "protected", "TEMP_RE",
-           "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures"]
+__all__ = ["atomic_path", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect", "unprotect",
+           "protected", "TEMP_RE", "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures"]
 
 #: the temporary files of :func:`atomic_path`: ``.<final name>.<random>.tmp``
 TEMP_PREFIX = "."
