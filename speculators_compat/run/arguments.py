@@ -23,6 +23,7 @@ the command line before the script runs at all (its imports take 10 s and more):
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 from ..errors import InvalidInputError
 from ..inputs import HUB_TIMEOUT  # the one request's limit (``SPECULATORS_COMPAT_HUB_TIMEOUT``)
@@ -113,4 +114,4 @@ def check_early(argv: list[str]) -> None:
             value = argv[i + 1]
         found[EARLY[name]] = value
     if found:
-        check(type("Arguments", (), found)())
+        check(SimpleNamespace(**found))
