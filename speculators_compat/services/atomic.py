@@ -12,9 +12,12 @@ whose destination :func:`protected` names through :func:`atomic_path`.
 
 :func:`atomic_path` with ``defer=True`` (the ``atomic-save`` patch's ``torch.save`` into a protected
 folder, unless ``SPECULATORS_COMPAT_SAVE_SYNC=file``) returns once the temporary file is written and
-its write-back started: one committer thread fsyncs the files handed to it in batches and renames
-each over its final name only once it is on the disk (then fsyncs the folder), so a file is still
-never seen under its final name incomplete, and the writers never wait for the disk themselves.
+its write-back started: one committer thread makes the files handed to it durable a batch at a time
+(on Linux 5.8 and later one ``syncfs`` of their filesystem a batch, elsewhere an fsync a file) and
+renames each over its final name only then (then fsyncs the folder), so a file is still never seen
+under its final name incomplete. At most :data:`MAX_PENDING` files wait in its queue: a writer
+handing over one more waits, so the temporary files hold at most that many files of the disk, plus
+the batch being committed and one a writer.
 :func:`flush` waits until every such file is renamed (a plain :func:`atomic_path`, the runner at the
 end of a run and an ``atexit`` handler call it); a failed fsync or rename is recorded as below.
 
@@ -56,8 +59,11 @@ _pending: list[tuple[str, Path]] = []
 _commit = threading.Condition(threading.Lock())
 _committing: list[bool] = [False]
 _committer: list[threading.Thread] = []
+#: files handed over and not yet renamed, at most (a writer handing over one more waits)
+MAX_PENDING = 64
 _SYNC_FILE_RANGE_WRITE = 2
 _libc: list = []
+_syncfs: list = []
 
 
 class SaveFailedError(OSError):
@@ -93,15 +99,49 @@ def _start_writeback(fd: int) -> None:
     if not _libc:
         import ctypes
 
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fn = libc.sync_file_range
-            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            _libc.append(fn)
-        except (OSError, AttributeError):
-            _libc.append(None)
+        _libc.append(_libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]))
     if _libc[0] is not None:
         _libc[0](fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # an error here is found by the fsync
+
+
+def _libc_function(name: str, argtypes: list):
+    """``name`` from the C library (ctypes releases the GIL around the call), or ``None``."""
+    import ctypes
+
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = argtypes
+    return fn
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    import platform
+
+    parts = re.match(r"(\d+)\.(\d+)", platform.release()) if platform.system() == "Linux" else None
+    return bool(parts) and (int(parts[1]), int(parts[2])) >= (major, minor)
+
+
+def _sync_filesystem(folder: Path) -> bool:
+    """Write every dirty page of ``folder``'s filesystem to the disk and wait (Linux ``syncfs``):
+    ``True`` once done. ``False`` where that cannot be relied on -- no ``syncfs``, a kernel before
+    5.8 (its ``syncfs`` reports no write-back error), an error -- and the caller fsyncs each file
+    (which names the file that failed)."""
+    if not _syncfs:
+        import ctypes
+
+        _syncfs.append(_libc_function("syncfs", [ctypes.c_int]) if _kernel_at_least(5, 8) else None)
+    if _syncfs[0] is None:
+        return False
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return _syncfs[0](fd) == 0
+    finally:
+        os.close(fd)
 
 
 def _fsync_path(path: str, start_only: bool = False) -> None:
@@ -115,9 +155,9 @@ def _fsync_path(path: str, start_only: bool = False) -> None:
         os.close(fd)
 
 
-def _finish(tmp: str, final: Path) -> None:
+def _plain_mode(tmp: str) -> None:
+    """The permissions a plain ``open()`` would have given the file (``mkstemp`` gives 0600)."""
     os.chmod(tmp, 0o666 & ~(_umask[0] if _umask else 0o022))
-    os.replace(tmp, final)
 
 
 def _unlink(tmp: str) -> None:
@@ -144,11 +184,12 @@ def atomic_path(final: str | os.PathLike, defer: bool = False):
     os.close(fd)
     try:
         yield tmp
+        _plain_mode(tmp)
         _fsync_path(tmp, start_only=defer)
         if defer:
             _hand_over(tmp, final)
         else:
-            _finish(tmp, final)
+            os.replace(tmp, final)
     except BaseException:
         _unlink(tmp)
         raise
@@ -156,16 +197,18 @@ def atomic_path(final: str | os.PathLike, defer: bool = False):
 
 def _hand_over(tmp: str, final: Path) -> None:
     with _commit:
-        _pending.append((tmp, final))
         if not _committer or not _committer[0].is_alive():
             _committer[:] = [threading.Thread(target=_commit_loop, name="speculators-compat-commit", daemon=True)]
             _committer[0].start()
+        while len(_pending) >= MAX_PENDING and _committer[0].is_alive():
+            _commit.wait()  # the committer takes the whole queue at the start of each batch
+        _pending.append((tmp, final))
         _commit.notify_all()
 
 
 def _commit_loop() -> None:
-    """Commit what was handed over, a batch at a time: fsync each file, rename the ones on the
-    disk, fsync their folders."""
+    """Commit what was handed over, a batch at a time: sync their filesystem (or fsync each file),
+    rename the ones on the disk, fsync their folders."""
     while True:
         with _commit:
             while not _pending:
@@ -173,6 +216,7 @@ def _commit_loop() -> None:
             batch = list(_pending)
             _pending.clear()
             _committing[0] = True
+            _commit.notify_all()  # writers waiting for room
         try:
             _commit_batch(batch)
         finally:
@@ -182,11 +226,13 @@ def _commit_loop() -> None:
 
 
 def _commit_batch(batch: list[tuple[str, Path]]) -> None:
+    synced = {folder for folder in {final.parent for _, final in batch} if _sync_filesystem(folder)}
     folders = set()
     for tmp, final in batch:
         try:
-            _fsync_path(tmp)
-            _finish(tmp, final)
+            if final.parent not in synced:
+                _fsync_path(tmp)
+            os.replace(tmp, final)
             folders.add(final.parent)
         except OSError as error:
             _unlink(tmp)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from speculators_compat.services import atomic
 
 
@@ -172,16 +174,19 @@ def test_a_failed_save_stops_the_next_generate_call_with_its_error(tmp_path):
     assert list(out.iterdir()) == []  # the temporary file is gone, nothing under the final name
 
 
-def test_the_committer_renames_a_sample_only_once_fsynced_and_a_failed_fsync_stops_the_next_call(tmp_path, monkeypatch):
+@pytest.mark.parametrize("durable", ["syncfs", "fsync"])
+def test_the_committer_renames_a_sample_only_once_on_the_disk_and_a_failed_sync_stops_the_next_call(
+        tmp_path, monkeypatch, durable):
     """A protected ``torch.save`` hands its temporary file to the committer: after :func:`flush` it
-    has its final name and was fsynced before the rename; ``Path.write_text`` into the folder
-    (``data_config.json``, through ``atomic_path``) comes after the samples; an fsync that fails there leaves nothing under
-    the final name, and the next ``generate()`` raises ``SaveFailedError`` with its errno. With
-    ``SPECULATORS_COMPAT_SAVE_SYNC=file`` the save itself renames its file."""
+    has its final name, and was made durable before the rename -- by one ``syncfs`` of its
+    filesystem a batch (Linux 5.8+), or else (``durable="fsync"``: no usable ``syncfs``) by an
+    fsync of the file; ``Path.write_text`` into the folder (``data_config.json``, through
+    ``atomic_path``) comes after the samples; a sync that fails there (a ``syncfs`` error, then the
+    file's own fsync) leaves nothing under the final name, and the next ``generate()`` raises
+    ``SaveFailedError`` with its errno. With ``SPECULATORS_COMPAT_SAVE_SYNC=file`` the save itself
+    renames its file."""
     import errno
     import os
-
-    import pytest
 
     from speculators_compat.patches.guards import atomic_save
 
@@ -197,6 +202,11 @@ def test_the_committer_renames_a_sample_only_once_fsynced_and_a_failed_fsync_sto
             raise OSError(errno.EIO, "Input/output error")
         return real_fsync(fd)
 
+    def syncfs(fd):
+        events.append(("syncfs", os.readlink(f"/proc/self/fd/{fd}")))
+        os.sync()
+        return -1 if any(p.name.startswith(".data_bad") for p in out.iterdir()) else 0
+
     def replace(src, dst):
         events.append(("rename", os.path.basename(str(src)), os.path.basename(str(dst))))
         return real_replace(src, dst)
@@ -207,6 +217,7 @@ def test_the_committer_renames_a_sample_only_once_fsynced_and_a_failed_fsync_sto
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(atomic, "_syncfs", [syncfs if durable == "syncfs" else None])
     atomic.clear_failures()
     atomic.protect(out)
     try:
@@ -215,10 +226,15 @@ def test_the_committer_renames_a_sample_only_once_fsynced_and_a_failed_fsync_sto
         atomic.write_text(out / "data_config.json", "{}")  # as the patched Path.write_text
         names = sorted(p.name for p in out.iterdir())
         assert names == ["data_0.pt", "data_1.pt", "data_2.pt", "data_config.json"]
-        for i in range(3):  # each sample fsynced (under its temporary name) before its rename
+        for i in range(3):  # each sample on the disk (under its temporary name) before its rename
             rename = next(k for k, e in enumerate(events) if e[0] == "rename" and e[2] == f"data_{i}.pt")
             tmp = events[rename][1]
-            assert any(e == ("fsync", tmp) for e in events[:rename])
+            if durable == "syncfs":
+                assert ("syncfs", str(out)) in events[:rename]
+                assert ("fsync", tmp) not in events  # the batch's syncfs, not an fsync a file
+            else:
+                assert ("fsync", tmp) in events[:rename]
+                assert not any(e[0] == "syncfs" for e in events)
         config = next(k for k, e in enumerate(events) if e[0] == "rename" and e[2] == "data_config.json")
         assert all(k < config for k, e in enumerate(events) if e[0] == "rename" and e[2].endswith(".pt"))
 
@@ -237,5 +253,58 @@ def test_the_committer_renames_a_sample_only_once_fsynced_and_a_failed_fsync_sto
         atomic_save._torch_save(plain_save, None, ({}, out / "data_3.pt"), {"pickle_protocol": 2})
         assert (out / "data_3.pt").exists() and events[-1][0] == "rename"
     finally:
+        atomic.unprotect()
+        atomic.clear_failures()
+
+
+def test_writers_wait_while_the_committer_holds_max_pending_files(tmp_path, monkeypatch):
+    """The committer's queue is bounded: with ``MAX_PENDING`` files handed over and not yet renamed
+    (the committer stuck in a slow sync), the next save waits instead of leaving one more temporary
+    file on the disk, and goes on once the committer takes the queue."""
+    import threading
+
+    from speculators_compat.patches.guards import atomic_save
+
+    out = tmp_path / "out"
+    out.mkdir()
+    release, syncing = threading.Event(), threading.Event()
+
+    def slow_syncfs(fd):
+        syncing.set()
+        release.wait(30)
+        return 0
+
+    def plain_save(obj, f, *a, **k):
+        with open(f, "wb") as fh:
+            fh.write(b"x" * 10)
+
+    monkeypatch.setattr(atomic, "MAX_PENDING", 2)
+    monkeypatch.setattr(atomic, "_syncfs", [slow_syncfs])
+    atomic.clear_failures()
+    atomic.protect(out)
+    saved = []
+
+    def save(i):
+        atomic_save._torch_save(plain_save, None, ({}, out / f"data_{i}.pt"), {"pickle_protocol": 2})
+        saved.append(i)
+
+    try:
+        save(0)
+        assert syncing.wait(10)  # the committer took data_0 and is stuck in its sync
+        save(1)
+        save(2)  # the queue is full now: two files wait behind the batch being synced
+        late = threading.Thread(target=save, args=(3,), daemon=True)
+        late.start()
+        late.join(0.5)
+        assert late.is_alive() and saved == [0, 1, 2]  # data_3 waits: no third temporary file queued
+        assert len(atomic._pending) == 2  # data_1, data_2 queued; data_0 in the batch being synced
+        assert sum(p.name.endswith(".tmp") for p in out.iterdir()) == 4  # and data_3 written, waiting to queue
+        release.set()
+        late.join(10)
+        assert not late.is_alive() and saved == [0, 1, 2, 3]
+        atomic.flush()
+        assert sorted(p.name for p in out.iterdir()) == [f"data_{i}.pt" for i in range(4)]
+    finally:
+        release.set()
         atomic.unprotect()
         atomic.clear_failures()
