@@ -13,7 +13,7 @@ whose destination :func:`protected` names through :func:`atomic_path`.
 :func:`atomic_path` with ``defer=True`` (the ``atomic-save`` patch's ``torch.save`` into a protected
 folder, unless ``SPECULATORS_COMPAT_SAVE_SYNC=file``) returns once the temporary file is written and
 its write-back started: one committer thread makes the files handed to it durable a batch at a time
-(on Linux 5.8 and later one ``syncfs`` of their filesystem a batch, elsewhere an fsync a file) and
+(on Linux 5.8 and later one ``syncfs`` of their local filesystem a batch, elsewhere an fsync a file) and
 renames each over its final name only then (then fsyncs the folder), so a file is still never seen
 under its final name incomplete. At most :data:`MAX_PENDING` files wait in its queue: a writer
 handing over one more waits, so the temporary files hold at most that many files of the disk, plus
@@ -39,7 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["atomic_path", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect", "unprotect",
-           "protected", "TEMP_RE", "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures"]
+           "protected", "TEMP_RE", "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures",
+           "MAX_PENDING", "SYNCFS_FILESYSTEMS", "filesystem_type"]
 
 #: the temporary files of :func:`atomic_path`: ``.<final name>.<random>.tmp``
 TEMP_PREFIX = "."
@@ -64,6 +65,10 @@ MAX_PENDING = 64
 _SYNC_FILE_RANGE_WRITE = 2
 _libc: list = []
 _syncfs: list = []
+#: filesystems whose ``syncfs`` writes every file's data and waits for it (local ones; on others,
+#: e.g. FUSE and network filesystems, the committer fsyncs each file)
+SYNCFS_FILESYSTEMS = frozenset({"ext4", "xfs", "btrfs", "f2fs", "overlay", "tmpfs"})
+_filesystems: dict[str, str | None] = {}
 
 
 class SaveFailedError(OSError):
@@ -123,16 +128,43 @@ def _kernel_at_least(major: int, minor: int) -> bool:
     return bool(parts) and (int(parts[1]), int(parts[2])) >= (major, minor)
 
 
+def filesystem_type(folder: str | os.PathLike, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem holding ``folder`` (``ext4``, ``fuse.gcsfuse``, ...), read from
+    ``mountinfo``; ``None`` where it cannot be read."""
+    path = os.path.realpath(folder)
+    best, kind = "", None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, rest = left.split(), right.split()
+                if len(fields) < 5 or not rest:
+                    continue
+                mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, rest[0]
+    except OSError:
+        return None
+    return kind
+
+
 def _sync_filesystem(folder: Path) -> bool:
     """Write every dirty page of ``folder``'s filesystem to the disk and wait (Linux ``syncfs``):
     ``True`` once done. ``False`` where that cannot be relied on -- no ``syncfs``, a kernel before
-    5.8 (its ``syncfs`` reports no write-back error), an error -- and the caller fsyncs each file
-    (which names the file that failed)."""
+    5.8 (its ``syncfs`` reports no write-back error), a filesystem not in
+    :data:`SYNCFS_FILESYSTEMS`, an error -- and the caller fsyncs each file (which names the file
+    that failed)."""
     if not _syncfs:
         import ctypes
 
         _syncfs.append(_libc_function("syncfs", [ctypes.c_int]) if _kernel_at_least(5, 8) else None)
     if _syncfs[0] is None:
+        return False
+    key = str(folder)
+    if key not in _filesystems:
+        _filesystems[key] = filesystem_type(folder)
+    if _filesystems[key] not in SYNCFS_FILESYSTEMS:
         return False
     try:
         fd = os.open(folder, os.O_RDONLY)

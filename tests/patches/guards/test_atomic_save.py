@@ -174,13 +174,13 @@ def test_a_failed_save_stops_the_next_generate_call_with_its_error(tmp_path):
     assert list(out.iterdir()) == []  # the temporary file is gone, nothing under the final name
 
 
-@pytest.mark.parametrize("durable", ["syncfs", "fsync"])
+@pytest.mark.parametrize("durable", ["syncfs", "fsync", "fuse"])
 def test_the_committer_renames_a_sample_only_once_on_the_disk_and_a_failed_sync_stops_the_next_call(
         tmp_path, monkeypatch, durable):
     """A protected ``torch.save`` hands its temporary file to the committer: after :func:`flush` it
     has its final name, and was made durable before the rename -- by one ``syncfs`` of its
-    filesystem a batch (Linux 5.8+), or else (``durable="fsync"``: no usable ``syncfs``) by an
-    fsync of the file; ``Path.write_text`` into the folder (``data_config.json``, through
+    local filesystem a batch (Linux 5.8+), or else by an fsync of the file (``durable="fsync"``: no
+    usable ``syncfs``; ``"fuse"``: a filesystem whose ``syncfs`` is not trusted); ``Path.write_text`` into the folder (``data_config.json``, through
     ``atomic_path``) comes after the samples; a sync that fails there (a ``syncfs`` error, then the
     file's own fsync) leaves nothing under the final name, and the next ``generate()`` raises
     ``SaveFailedError`` with its errno. With ``SPECULATORS_COMPAT_SAVE_SYNC=file`` the save itself
@@ -217,7 +217,9 @@ def test_the_committer_renames_a_sample_only_once_on_the_disk_and_a_failed_sync_
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(atomic, "_syncfs", [syncfs if durable == "syncfs" else None])
+    monkeypatch.setattr(atomic, "_syncfs", [None if durable == "fsync" else syncfs])
+    monkeypatch.setattr(atomic, "_filesystems", {})
+    monkeypatch.setattr(atomic, "filesystem_type", lambda folder: "fuse.gcsfuse" if durable == "fuse" else "ext4")
     atomic.clear_failures()
     atomic.protect(out)
     try:
@@ -280,6 +282,7 @@ def test_writers_wait_while_the_committer_holds_max_pending_files(tmp_path, monk
 
     monkeypatch.setattr(atomic, "MAX_PENDING", 2)
     monkeypatch.setattr(atomic, "_syncfs", [slow_syncfs])
+    monkeypatch.setattr(atomic, "_filesystems", {str(out): "ext4"})
     atomic.clear_failures()
     atomic.protect(out)
     saved = []
@@ -308,3 +311,21 @@ def test_writers_wait_while_the_committer_holds_max_pending_files(tmp_path, monk
         release.set()
         atomic.unprotect()
         atomic.clear_failures()
+
+
+def test_the_filesystem_of_a_folder_is_read_from_mountinfo(tmp_path):
+    """The committer trusts ``syncfs`` on local filesystems only: the type of the innermost mount
+    holding the folder (octal escapes in mount points decoded), ``None`` where mountinfo is
+    unreadable."""
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n"
+        "23 22 0:22 / /data rw,relatime shared:1 - xfs /dev/vdb rw\n"
+        "24 23 0:23 / /data/my\\040bucket rw,nosuid - fuse.gcsfuse bucket rw,user_id=0\n"
+        "25 22 0:24 / /dev/shm rw - tmpfs tmpfs rw\n")
+    got = {folder: atomic.filesystem_type(folder, str(mountinfo))
+           for folder in ("/work/out", "/data", "/data/out", "/data/my bucket/out", "/data/my", "/dev/shm")}
+    assert got == {"/work/out": "ext4", "/data": "xfs", "/data/out": "xfs", "/data/my bucket/out": "fuse.gcsfuse",
+                   "/data/my": "xfs", "/dev/shm": "tmpfs"}
+    assert atomic.filesystem_type("/data", str(tmp_path / "absent")) is None
+    assert "fuse.gcsfuse" not in atomic.SYNCFS_FILESYSTEMS and "ext4" in atomic.SYNCFS_FILESYSTEMS
