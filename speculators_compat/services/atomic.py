@@ -229,12 +229,12 @@ def atomic_path(final: str | os.PathLike, defer: bool = False):
 
 def _hand_over(tmp: str, final: Path) -> None:
     with _commit:
+        while len(_pending) >= MAX_PENDING and _committer and _committer[0].is_alive():
+            _commit.wait(1.0)  # the committer takes the whole queue at the start of each batch
+        _pending.append((tmp, final))
         if not _committer or not _committer[0].is_alive():
             _committer[:] = [threading.Thread(target=_commit_loop, name="speculators-compat-commit", daemon=True)]
             _committer[0].start()
-        while len(_pending) >= MAX_PENDING and _committer[0].is_alive():
-            _commit.wait()  # the committer takes the whole queue at the start of each batch
-        _pending.append((tmp, final))
         _commit.notify_all()
 
 
@@ -281,13 +281,13 @@ def _commit_batch(batch: list[tuple[str, Path]]) -> None:
 
 
 def flush(raise_failed: bool = True) -> None:
-    """Wait until every file handed to the committer is fsynced and renamed (or failed);
+    """Wait until every file handed to the committer is on the disk and renamed (or failed);
     ``raise_failed``: then raise :class:`SaveFailedError` if a write into a protected folder failed."""
     with _commit:
         while _pending or _committing[0]:
             if not _committer or not _committer[0].is_alive():
                 break  # no committer (a fork): nothing will move
-            _commit.wait()
+            _commit.wait(1.0)
     if raise_failed:
         raise_if_failed()
 
