@@ -1,6 +1,7 @@
 """How fast the run's output folder takes samples, by how they are made durable (CPU only, stdlib).
 
     python benchmarks/save_commit.py [--sample-mib 16] [--gib 1] [--rounds 3] [--busy] [--folder DIR]
+                                     [--switch-interval S]
 
 Four threads (the stock script's saving threads) each write samples of ``--sample-mib`` MiB with
 ``os.pwrite`` (the GIL released, as the direct writer does) through
@@ -16,7 +17,9 @@ the last rename. Three ways, alternated ``--rounds`` times in a rotated order, m
 
 ``--busy``: the main thread runs Python the whole time, as vLLM's driver does beside the saving
 threads; each thread then waits for the GIL after each of its system calls. (A stand-in: the real
-driver is busy for part of the time only.)
+driver is busy for part of the time only.) ``--switch-interval``: ``sys.setswitchinterval`` for the
+run (Python's default 0.005 s: how long a thread back from a system call may wait for the GIL before
+the busy thread is made to hand it over).
 """
 
 from __future__ import annotations
@@ -75,7 +78,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--folder", default=None, help="where to write (default: a folder in the system's temp dir)")
+    parser.add_argument("--switch-interval", type=float, default=None)
     args = parser.parse_args(argv)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     blob = memoryview(os.urandom(int(args.sample_mib * 2**20)))
     count = max(4, int(args.gib * 2**30 // len(blob)))
     folder = Path(args.folder or Path(os.environ.get("TMPDIR", "/tmp")) / f"save-commit-{os.getpid()}")
@@ -89,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         atomic._syncfs[:] = []
         shutil.rmtree(folder, ignore_errors=True)
     report = {"sample_mib": args.sample_mib, "samples": count, "busy": args.busy,
+              "switch_interval_s": sys.getswitchinterval(),
               "filesystem": atomic.filesystem_type(folder.parent),
               "mb_s": {way: round(statistics.median(v)) for way, v in got.items()},
               "rounds_mb_s": {way: [round(x) for x in v] for way, v in got.items()}}
