@@ -14,9 +14,9 @@ stock script's ``--output-dir`` -- goes to a temporary file in the same folder
 (``.<name>.<random>.tmp``), which is fsynced, given the permissions ``open()`` would give
 it, and renamed over the final name (:func:`speculators_compat.services.atomic.atomic_path`). For
 ``torch.save`` the fsync and the rename are deferred: the save returns once the file is written and
-its write-back started, and one committer thread fsyncs and renames the files in batches (the
-saving threads do not wait for the disk one file at a time; ``SPECULATORS_COMPAT_SAVE_SYNC=file``
-turns this off); ``Path.write_text`` (``data_config.json``) waits for them first, and the runner
+its write-back started, and one committer thread makes the files durable and renames them in
+batches (the saving threads do not wait for the disk one file at a time;
+``SPECULATORS_COMPAT_SAVE_SYNC=file`` turns this off); ``Path.write_text`` (``data_config.json``) waits for them first, and the runner
 waits for the last at the end of the run. Any
 other destination (a file object, another folder, every write when nothing is registered)
 goes through unchanged. A kill leaves at most a temporary file, which the next run's resume
@@ -40,7 +40,10 @@ applies).
 
 Errors on time: the stock script looks at its save futures only after its last batch, so a save
 that fails (a full disk, a permission) would surface hours later. A failed write into the folder
-is recorded (:func:`speculators_compat.services.atomic.record_failure`) and re-raised as before; the
+is recorded (:func:`speculators_compat.services.atomic.record_failure`) and re-raised as before (a
+failure of torch's zip writer, a ``RuntimeError`` without an errno, as an ``OSError``: ENOSPC where
+the filesystem is full, else EIO; a writer that failed is marked finished, since one destroyed
+unfinished aborts the process); the
 generator's ``generate()`` is wrapped to raise it at its next call as
 :class:`speculators_compat.services.atomic.SaveFailedError` (an ``OSError`` with the original's
 ``errno``; the original is its ``__cause__``), before any request is sent.
@@ -75,6 +78,8 @@ log = logging.getLogger("speculators_compat.atomic_save")
 
 #: ``SPECULATORS_COMPAT_SAVE_WRITER=torch``: protected saves through ``torch.save`` itself
 WRITER_ENV = "SPECULATORS_COMPAT_SAVE_WRITER"
+#: a failure of torch's zip writer with less than this left on the folder's filesystem is a full disk
+FULL_BELOW = 16 << 20
 #: torch's ``_save`` parameters the direct writer passes
 _SAVE_PARAMS = ["obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record"]
 #: whether the direct writer can be used with this torch (set when the patch applies)
@@ -172,9 +177,14 @@ def _direct_save(obj, path: str) -> None:
     # CRC-32 on: the small records (data.pkl, ...) get theirs; the storages, written later, get 0
     writer = torch._C.PyTorchFileWriter(path, True, ser._get_storage_alignment())
     holes = _Holes(writer, torch.UntypedStorage)
-    ser._save(obj, holes, pickle, ser.DEFAULT_PROTOCOL, False)
-    writer.write_end_of_file()
-    del writer  # closes the file
+    try:
+        ser._save(obj, holes, pickle, ser.DEFAULT_PROTOCOL, False)
+        writer.write_end_of_file()
+    except BaseException:
+        _finish_failed(writer)
+        raise
+    finally:
+        del writer, holes._writer  # closes the file
     if not holes.storages:
         return
     offsets = _data_offsets(path, [name for name, _, _ in holes.storages])
@@ -190,6 +200,30 @@ def _direct_save(obj, path: str) -> None:
                 _pwrite_all(fd, memoryview(data.numpy()).cast("B"), offset)
     finally:
         os.close(fd)
+
+
+def _finish_failed(writer) -> None:
+    """Mark a writer whose archive failed (a full disk) as finished: one left unfinished writes the
+    archive's end from its destructor, and a failure there aborts the process (``std::terminate``)."""
+    try:
+        writer.write_end_of_file()  # marks it finished even when it fails
+    except RuntimeError:
+        pass
+
+
+def _as_os_error(error: RuntimeError, final) -> OSError:
+    """A failure of torch's zip writer (a ``RuntimeError`` without an errno) as the ``OSError`` a
+    failed save is: ENOSPC where the folder's filesystem has less than :data:`FULL_BELOW` bytes
+    left, else EIO; the message keeps torch's."""
+    import errno
+
+    try:
+        st = os.statvfs(os.path.dirname(os.fspath(final)) or ".")
+        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    except (OSError, AttributeError):
+        free = None
+    code = errno.ENOSPC if free is not None and free < FULL_BELOW else errno.EIO
+    return OSError(code, f"{os.strerror(code)} ({error})", os.fspath(final))
 
 
 def _use_direct(args, kwargs) -> bool:
@@ -208,11 +242,14 @@ def _torch_save(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     try:
         with atomic.atomic_path(final, defer=True) as tmp:
-            if _use_direct(args, kwargs):
-                return _direct_save(args[0] if args else kwargs["obj"], tmp)
-            if in_kwargs:
-                return wrapped(*args, **{**kwargs, "f": tmp})
-            return wrapped(args[0], tmp, *args[2:], **kwargs)
+            try:
+                if _use_direct(args, kwargs):
+                    return _direct_save(args[0] if args else kwargs["obj"], tmp)
+                if in_kwargs:
+                    return wrapped(*args, **{**kwargs, "f": tmp})
+                return wrapped(args[0], tmp, *args[2:], **kwargs)
+            except RuntimeError as error:  # torch's zip writer failed (e.g. the disk is full)
+                raise _as_os_error(error, final) from error
     except OSError as error:
         atomic.record_failure(final, error)
         raise

@@ -329,3 +329,67 @@ def test_the_filesystem_of_a_folder_is_read_from_mountinfo(tmp_path):
                    "/data/my": "xfs", "/dev/shm": "tmpfs"}
     assert atomic.filesystem_type("/data", str(tmp_path / "absent")) is None
     assert "fuse.gcsfuse" not in atomic.SYNCFS_FILESYSTEMS and "ext4" in atomic.SYNCFS_FILESYSTEMS
+
+
+def test_a_save_whose_zip_writer_fails_raises_an_os_error_and_the_process_lives_on(tmp_path):
+    """torch's zip writer failing inside the archive (a full disk; here a file-size limit) raises a
+    ``RuntimeError`` without an errno, and a writer destroyed unfinished writes the archive's end in
+    its destructor, where a second failure aborts the process (``std::terminate``, exit 134). The
+    direct writer marks a failed writer finished, and the save raises an ``OSError`` (EIO: the
+    filesystem is not full; the writer's error its cause), recorded as a failed save; the process
+    goes on."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = """
+import gc, os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+import torch
+from speculators_compat.patches.guards import atomic_save
+from speculators_compat.services import atomic
+atomic_save._direct[:] = [atomic_save.direct_writer_fits(torch) is None]
+print("direct", atomic_save._direct[0])
+out = sys.argv[1]
+atomic.protect(out)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    atomic_save._torch_save(torch.save, None, ({"meta": "x" * 100000, "t": torch.zeros(10)},
+                                               os.path.join(out, "data_0.pt")), {})
+except OSError as error:
+    print("raised", type(error).__name__, error.errno, type(error.__cause__).__name__)
+gc.collect()
+try:
+    atomic.raise_if_failed()
+except atomic.SaveFailedError as error:
+    print("recorded", error.errno)
+print("alive", sorted(os.listdir(out)))
+"""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    assert "direct True" in proc.stdout, proc.stdout
+    assert "raised OSError 5 RuntimeError" in proc.stdout and "recorded 5" in proc.stdout, proc.stdout
+    assert "alive []" in proc.stdout, proc.stdout
+
+
+def test_a_zip_writer_failure_is_enospc_on_a_full_filesystem_else_eio(monkeypatch, tmp_path):
+    """The ``OSError`` a failure of torch's zip writer becomes: ENOSPC where the folder's filesystem
+    has less than ``FULL_BELOW`` bytes left (the runner's full-disk message then), else EIO; torch's
+    message kept, the final name as the file name."""
+    import errno
+    import os
+
+    from speculators_compat.patches.guards import atomic_save
+
+    class Stat:
+        f_bfree = f_bavail = 3
+        f_frsize = 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Stat)
+    error = atomic_save._as_os_error(RuntimeError("unexpected pos 1088 vs 982"), tmp_path / "data_1.pt")
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC, error
+    assert "unexpected pos 1088 vs 982" in str(error) and error.filename == str(tmp_path / "data_1.pt")
+    Stat.f_bfree = Stat.f_bavail = atomic_save.FULL_BELOW // Stat.f_frsize + 1
+    assert atomic_save._as_os_error(RuntimeError("boom"), tmp_path / "data_1.pt").errno == errno.EIO
