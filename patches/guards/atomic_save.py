@@ -16,11 +16,10 @@ it, and renamed over the final name (:func:`speculators_compat.services.atomic.a
 ``torch.save`` the fsync and the rename are deferred: the save returns once the file is written and
 its write-back started, and one committer thread makes the files durable and renames them in
 batches (the saving threads do not wait for the disk one file at a time;
-``SPECULATORS_COMPAT_SAVE_SYNC=file`` turns this off); ``Path.write_text`` (``data_config.json``) waits for them first, and the runner
-waits for the last at the end of the run. Any
-other destination (a file object, another folder, every write when nothing is registered)
-goes through unchanged. A kill leaves at most a temporary file, which the next run's resume
-sets aside.
+``SPECULATORS_COMPAT_SAVE_SYNC=file`` turns this off); ``Path.write_text`` (``data_config.json``)
+waits for them first, and the runner waits for the last at the end of the run. Any other
+destination (a file object, another folder, every write when nothing is registered) goes through
+unchanged. A kill leaves at most a temporary file, which the next run's resume sets aside.
 
 Speed (the stock script saves on 4 threads; the run must keep up with the prefill or the disk):
 ``torch.save`` writes every tensor's bytes through its C++ zip writer while holding the GIL and
@@ -43,8 +42,7 @@ that fails (a full disk, a permission) would surface hours later. A failed write
 is recorded (:func:`speculators_compat.services.atomic.record_failure`) and re-raised as before (a
 failure of torch's zip writer, a ``RuntimeError`` without an errno, as an ``OSError``: ENOSPC where
 the filesystem is full, else EIO; a writer that failed is marked finished, since one destroyed
-unfinished aborts the process); the
-generator's ``generate()`` is wrapped to raise it at its next call as
+unfinished aborts the process); the generator's ``generate()`` is wrapped to raise it at its next call as
 :class:`speculators_compat.services.atomic.SaveFailedError` (an ``OSError`` with the original's
 ``errno``; the original is its ``__cause__``), before any request is sent.
 
