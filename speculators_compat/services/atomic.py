@@ -31,6 +31,7 @@ stops at its next call with :class:`SaveFailedError` (an ``OSError`` with the or
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import re
 import tempfile
@@ -251,6 +252,9 @@ def _commit_loop() -> None:
             _commit.notify_all()  # writers waiting for room
         try:
             _commit_batch(batch)
+        except Exception as error:  # a bug, not the disk: the batch's samples failed, the run stops
+            for _, final in batch:
+                record_failure(final, OSError(errno.EIO, f"the commit of the saved samples failed: {error!r}"))
         finally:
             with _commit:
                 _committing[0] = False

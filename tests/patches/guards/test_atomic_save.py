@@ -393,3 +393,44 @@ def test_a_zip_writer_failure_is_enospc_on_a_full_filesystem_else_eio(monkeypatc
     assert "unexpected pos 1088 vs 982" in str(error) and error.filename == str(tmp_path / "data_1.pt")
     Stat.f_bfree = Stat.f_bavail = atomic_save.FULL_BELOW // Stat.f_frsize + 1
     assert atomic_save._as_os_error(RuntimeError("boom"), tmp_path / "data_1.pt").errno == errno.EIO
+
+
+def test_a_committer_that_fails_unexpectedly_fails_its_batch_and_commits_the_next(tmp_path, monkeypatch):
+    """An error in the committer other than the disk's (a bug) must not lose its batch silently: the
+    batch's samples are recorded as failed (EIO, the error named), so the next ``generate()`` stops
+    the run; the committer lives on for the next batch."""
+    import errno
+
+    from speculators_compat.patches.guards import atomic_save
+
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = []
+
+    def broken_once(folder):
+        calls.append(folder)
+        if len(calls) == 1:
+            raise TypeError("a bug")
+        return False
+
+    def plain_save(obj, f, *a, **k):
+        with open(f, "wb") as fh:
+            fh.write(b"x" * 10)
+
+    monkeypatch.setattr(atomic, "_sync_filesystem", broken_once)
+    atomic.clear_failures()
+    atomic.protect(out)
+    try:
+        atomic_save._torch_save(plain_save, None, ({}, out / "data_0.pt"), {"pickle_protocol": 2})
+        atomic.flush(raise_failed=False)
+        with pytest.raises(atomic.SaveFailedError) as stopped:
+            atomic_save._generate(lambda: "rows", None, (), {})
+        assert stopped.value.errno == errno.EIO and "a bug" in str(stopped.value)
+        assert stopped.value.filename == str(out / "data_0.pt")
+        atomic.clear_failures()
+        atomic_save._torch_save(plain_save, None, ({}, out / "data_1.pt"), {"pickle_protocol": 2})
+        atomic.flush()
+        assert (out / "data_1.pt").exists() and not (out / "data_0.pt").exists()
+    finally:
+        atomic.unprotect()
+        atomic.clear_failures()
