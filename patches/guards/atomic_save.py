@@ -24,18 +24,22 @@ unchanged. A kill leaves at most a temporary file, which the next run's resume s
 Speed (the stock script saves on 4 threads; the run must keep up with the prefill or the disk):
 ``torch.save`` writes every tensor's bytes through its C++ zip writer while holding the GIL and
 computing a CRC-32 of them, so the 4 threads save one at a time, at the speed of one core's
-CRC. A ``torch.save(obj, path)`` into the protected folder with torch's defaults is therefore
-written by :func:`_direct_save`: torch's own ``_save`` writes the archive (the pickle, the
-records' headers, the central directory) with every storage's record left as a hole of its size
-(``write_record_metadata``, what ``torch.serialization.skip_data`` does), then each storage's bytes
-go into their hole with ``os.pwrite``, which releases the GIL. The archive is the one
-``torch.save`` writes, except that the tensors' records carry no CRC-32 (0, as with
-``torch.serialization.set_crc32_options(False)``): ``torch.load`` reads it (it does not check them),
-the small records (``data.pkl``, ...) keep theirs, so the runner's resume and ``verify`` read it too;
-a zip tool's ``testzip`` reports the tensors' records. ``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (read at each save)
-writes with ``torch.save`` itself instead, and so does a save with other arguments, or a torch whose
-``_save`` / ``PyTorchFileWriter.write_record_metadata`` have another shape (found when the patch
-applies).
+CRC; and each of its system calls, like any made from Python, ends in a wait for the GIL, which
+vLLM's driver holds most of the time in the same process. A ``torch.save(obj, path)`` into the
+protected folder with torch's defaults is therefore written by :func:`_direct_save`: torch's own
+``_save`` writes the archive (the pickle, the records' headers, the central directory) into
+memory, every storage's record left as a hole of its size (``write_record_metadata``, what
+``torch.serialization.skip_data`` does); then the whole file -- those pieces with each storage's
+bytes in its hole -- goes to the temporary file in one ``os.pwritev``, which releases the GIL once
+(:func:`speculators_compat.services.atomic.atomic_file`: create, write, start the write-back,
+close: four system calls a sample). The archive is the one ``torch.save`` writes, except that the
+tensors' records carry no CRC-32 (0, as with ``torch.serialization.set_crc32_options(False)``):
+``torch.load`` reads it (it does not check them), the small records (``data.pkl``, ...) keep
+theirs, so the runner's resume and ``verify`` read it too; a zip tool's ``testzip`` reports the
+tensors' records. ``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (read at each save) writes with
+``torch.save`` itself instead, and so does a save with other arguments, or a torch whose ``_save``
+/ ``PyTorchFileWriter`` have another shape or whose trial sample does not load back (found when
+the patch applies).
 
 Errors on time: the stock script looks at its save futures only after its last batch, so a save
 that fails (a full disk, a permission) would surface hours later. A failed write into the folder
@@ -48,9 +52,11 @@ unfinished aborts the process); the generator's ``generate()`` is wrapped to rai
 
 Detection: ``torch.save`` takes ``(obj, f, ...)``; ``Path.write_text`` / ``write_bytes``
 take ``(data, ...)``; the generator defines ``generate``. The direct writer: ``torch.serialization._save``
-takes ``(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record)`` and
-``torch._C.PyTorchFileWriter`` has ``write_record_metadata`` (torch 2.6 and later); each record's
-size in the written archive is checked against its storage's before its bytes are written. A guard that does not depend on the vLLM release: applied wherever its
+takes ``(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record)``,
+``torch._C.PyTorchFileWriter`` has ``write_record_metadata`` (torch 2.6 and later) and, writing
+into a file object, leaves a record written without its data as a ``seek`` (checked with a trial
+sample that must load back equal); each hole's size is checked against its storage's before the
+file is written. A guard that does not depend on the vLLM release: applied wherever its
 probe finds these calls.
 
 Covers: speculators 0.3.x and 0.4.x from vLLM 0.11.1 on (the same torch and stdlib calls on
@@ -62,11 +68,12 @@ when ``torch.save`` writes its records without holding the GIL.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import os
 import pathlib
-import struct
+import pickle
 
 from speculators_compat.patching import Kind, Probe, declare
 
@@ -82,6 +89,8 @@ FULL_BELOW = 16 << 20
 _SAVE_PARAMS = ["obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record"]
 #: whether the direct writer can be used with this torch (set when the patch applies)
 _direct: list[bool] = []
+#: buffers a ``pwritev`` takes at most (Linux's ``IOV_MAX``)
+_IOV_MAX = 1024
 
 
 def _judge(save_params: list[str] | None) -> Probe:
@@ -118,6 +127,22 @@ def direct_writer_fits(torch) -> str | None:
             return f"torch._C.PyTorchFileWriter has no {name}"
     if not callable(getattr(torch.serialization, "_get_storage_alignment", None)):
         return "torch.serialization has no _get_storage_alignment"
+    return _trial(torch)
+
+
+def _trial(torch) -> str | None:
+    """``None`` if a small sample written the direct writer's way (in memory) loads back equal
+    with ``torch.load``; else what went wrong."""
+    import io
+
+    sample = {"ids": torch.arange(5), "states": [torch.ones(3, 4, dtype=torch.bfloat16), torch.zeros(0)]}
+    try:
+        buffers = _archive_buffers(sample, "a trial sample")
+        got = torch.load(io.BytesIO(b"".join(bytes(b) for b in buffers)), weights_only=True)
+    except (RuntimeError, OSError, TypeError, ValueError, KeyError, pickle.UnpicklingError) as error:
+        return f"a sample written by the direct writer does not load back ({error!r})"
+    if not (torch.equal(got["ids"], sample["ids"]) and torch.equal(got["states"][0], sample["states"][0])):
+        return "a sample written by the direct writer loads back different"
     return None
 
 
@@ -140,40 +165,90 @@ class _Holes:
         return self._writer.write_record_metadata(name, size)
 
 
-def _data_offsets(path: str, names: list[str]) -> dict[str, tuple[int, int]]:
-    """Each record's (data offset, size) in the zip archive at ``path`` (its local headers)."""
-    import zipfile
+class _Archive:
+    """The file object torch's zip writer writes the archive into, in memory: its bytes as pieces,
+    each storage's record a hole (the writer's ``seek(size, SEEK_CUR)`` for a record written
+    without its data)."""
 
-    with zipfile.ZipFile(path) as z, open(path, "rb") as fh:
-        infos = {info.filename.split("/", 1)[-1]: info for info in z.infolist()}
-        offsets = {}
-        for name in names:
-            info = infos[name]
-            fh.seek(info.header_offset)
-            header = fh.read(30)
-            if header[:4] != b"PK\x03\x04":
-                raise OSError(f"{path}: record {name} has no local header at {info.header_offset}")
-            name_len, extra_len = struct.unpack("<HH", header[26:30])
-            offsets[name] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
-    return offsets
+    def __init__(self) -> None:
+        self.size = 0
+        self.pieces: list[bytearray] = [bytearray()]  # the bytes before each hole, and after the last
+        self.holes: list[int] = []
+
+    def write(self, data) -> int:
+        self.pieces[-1] += data
+        self.size += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence != os.SEEK_CUR or offset < 0:
+            raise OSError(f"atomic-save: the zip writer seeks ({offset}, {whence}); expected a hole (n, SEEK_CUR)")
+        self.holes.append(offset)
+        self.pieces.append(bytearray())
+        self.size += offset
+        return self.size
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+def _layout(archive: _Archive, storages: list, path) -> list:
+    """The archive's buffers in file order, each hole filled with its storage's bytes (checked
+    against the storage's size)."""
+    import torch
+
+    filled = [(name, storage, size) for name, storage, size in storages if size]
+    if [size for _, _, size in filled] != archive.holes:
+        raise RuntimeError(f"atomic-save: the archive of {path} has holes of {archive.holes} bytes, its storages "
+                           f"{[size for _, _, size in filled]}")
+    buffers = [archive.pieces[0]]
+    for (name, storage, size), piece in zip(filled, archive.pieces[1:]):
+        if storage.nbytes() != size:
+            raise RuntimeError(f"atomic-save: record {name} of {path} holds {size} bytes, its storage {storage.nbytes()}")
+        data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,))
+        buffers += [memoryview(data.numpy()).cast("B"), piece]
+    return [b for b in buffers if len(b)]
 
 
-def _direct_save(obj, path: str) -> None:
-    """``torch.save(obj, path)``, the storages' bytes written with ``os.pwrite`` (the GIL released)
-    and no CRC-32 for their records (the module's docstring)."""
-    import pickle
+def _pwritev_all(fd: int, buffers: list) -> None:
+    """Write ``buffers`` one after the other from offset 0: the file's size set first (a write
+    within the size does not update the inode a page at a time, which several writers' files pay
+    for in the filesystem's journal), then one ``os.pwritev`` (the GIL released once) for as many
+    buffers as the system takes at a time."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    os.ftruncate(fd, sum(len(v) for v in views))
+    at = offset = 0
+    while at < len(views):
+        done = os.pwritev(fd, views[at:at + _IOV_MAX], offset)
+        if done <= 0:
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        offset += done
+        while at < len(views) and done >= len(views[at]):
+            done -= len(views[at])
+            at += 1
+        if done:
+            views[at] = views[at][done:]
 
+
+def _direct_save(obj, fd: int, path="") -> None:
+    """``torch.save(obj, path)`` into ``fd`` (open for writing at offset 0): torch's ``_save`` writes
+    the archive into memory with a hole a storage; then the whole file, each storage's bytes in
+    its hole, goes to the file with ``os.pwritev`` (the GIL released; the module's docstring)."""
+    _pwritev_all(fd, _archive_buffers(obj, path))
+
+
+def _archive_buffers(obj, path) -> list:
+    """``obj``'s archive as ``torch.save`` writes it (the storages' records without CRC-32), as
+    buffers in file order: the pieces torch's zip writer wrote into memory and the storages."""
     import torch
 
     ser = torch.serialization
+    archive = _Archive()
     # CRC-32 on: the small records (data.pkl, ...) get theirs; the storages, written later, get 0
-    writer = torch._C.PyTorchFileWriter(path, True, ser._get_storage_alignment())
+    writer = torch._C.PyTorchFileWriter(archive, True, ser._get_storage_alignment())
     holes = _Holes(writer, torch.UntypedStorage)
     try:
         ser._save(obj, holes, pickle, ser.DEFAULT_PROTOCOL, False)
@@ -182,22 +257,8 @@ def _direct_save(obj, path: str) -> None:
         _finish_failed(writer)
         raise
     finally:
-        del writer, holes._writer  # closes the file
-    if not holes.storages:
-        return
-    offsets = _data_offsets(path, [name for name, _, _ in holes.storages])
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        for name, storage, size in holes.storages:
-            offset, in_archive = offsets[name]
-            if in_archive != size or storage.nbytes() != size:
-                raise RuntimeError(f"atomic-save: record {name} of {path} holds {in_archive} bytes, "
-                                   f"its storage {storage.nbytes()} (expected {size})")
-            if size:
-                data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,))
-                _pwrite_all(fd, memoryview(data.numpy()).cast("B"), offset)
-    finally:
-        os.close(fd)
+        del writer, holes._writer
+    return _layout(archive, holes.storages, path)
 
 
 def _finish_failed(writer) -> None:
@@ -213,8 +274,6 @@ def _as_os_error(error: RuntimeError, final) -> OSError:
     """A failure of torch's zip writer (a ``RuntimeError`` without an errno) as the ``OSError`` a
     failed save is: ENOSPC where the folder's filesystem has less than :data:`FULL_BELOW` bytes
     left, else EIO; the message keeps torch's."""
-    import errno
-
     try:
         st = os.statvfs(os.path.dirname(os.fspath(final)) or ".")
         free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
@@ -239,15 +298,16 @@ def _torch_save(wrapped, instance, args, kwargs):
     if final is None:
         return wrapped(*args, **kwargs)
     try:
-        with atomic.atomic_path(final, defer=True) as tmp:
-            try:
-                if _use_direct(args, kwargs):
-                    return _direct_save(args[0] if args else kwargs["obj"], tmp)
+        try:
+            if _use_direct(args, kwargs):
+                with atomic.atomic_file(final, defer=True) as fd:
+                    return _direct_save(args[0] if args else kwargs["obj"], fd, final)
+            with atomic.atomic_path(final, defer=True) as tmp:
                 if in_kwargs:
                     return wrapped(*args, **{**kwargs, "f": tmp})
                 return wrapped(args[0], tmp, *args[2:], **kwargs)
-            except RuntimeError as error:  # torch's zip writer failed (e.g. the disk is full)
-                raise _as_os_error(error, final) from error
+        except RuntimeError as error:  # torch's zip writer failed (e.g. the disk is full)
+            raise _as_os_error(error, final) from error
     except OSError as error:
         atomic.record_failure(final, error)
         raise
@@ -292,7 +352,7 @@ def apply(module, patcher) -> None:
 PATCH = declare(
     id="atomic-save",
     title="atomic writes into the run's output folder",
-    delta="torch.save / Path.write_text straight to the final name (truncated files after a kill), a failed save seen after the last batch -> temporary file (storages written outside the GIL), fsync, rename; the next generate() raises a failed save",
+    delta="torch.save / Path.write_text straight to the final name (truncated files after a kill), a failed save seen after the last batch -> temporary file (written in one pwritev outside the GIL), fsync, rename; the next generate() raises a failed save",
     api="torch.save / pathlib.Path.write_text / pathlib.Path.write_bytes / VllmHiddenStatesGenerator.generate",
     kind=Kind.GUARD,
     depends_on=(),

@@ -1,16 +1,17 @@
 """Atomic file writes: a file under its final name is complete, or absent (stdlib only).
 
 :func:`atomic_path` writes to a temporary file in the destination's folder
-(``.<final name>.<random>.tmp``), fsyncs it, gives it the permissions a plain ``open()`` would
-have given it and renames it over the final name. The output folder of ``speculators-compat run``
+(``.<final name>.<random>.tmp``, created with the permissions a plain ``open()`` gives), fsyncs it
+and renames it over the final name; :func:`atomic_file` does the same through an open file
+descriptor (one writer, no second ``open()``). The output folder of ``speculators-compat run``
 (:mod:`speculators_compat.run.resume`), its shared-memory record (:mod:`speculators_compat.services.leftovers`)
 and the test matrix's validation records all write through it.
 
 :func:`protect` registers a folder whose writes must be atomic even when the writer is not ours:
 the ``atomic-save`` patch routes every ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes``
-whose destination :func:`protected` names through :func:`atomic_path`.
+whose destination :func:`protected` names through :func:`atomic_path` or :func:`atomic_file`.
 
-:func:`atomic_path` with ``defer=True`` (the ``atomic-save`` patch's ``torch.save`` into a protected
+:func:`atomic_path` / :func:`atomic_file` with ``defer=True`` (the ``atomic-save`` patch's ``torch.save`` into a protected
 folder, unless ``SPECULATORS_COMPAT_SAVE_SYNC=file``) returns once the temporary file is written and
 its write-back started: one committer thread makes the files handed to it durable a batch at a time
 (on Linux 5.8 and later one ``syncfs`` of their local filesystem a batch, elsewhere an fsync a file) and
@@ -33,13 +34,13 @@ from __future__ import annotations
 import atexit
 import errno
 import os
+import random
 import re
-import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect", "unprotect",
+__all__ = ["atomic_path", "atomic_file", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect", "unprotect",
            "protected", "TEMP_RE", "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures",
            "MAX_PENDING", "SYNCFS_FILESYSTEMS", "filesystem_type"]
 
@@ -49,7 +50,9 @@ TEMP_SUFFIX = ".tmp"
 TEMP_RE = re.compile(r"^\.(?P<final>.+)\.[^.]+\.tmp$")
 
 _protected: set[str] = set()
-_umask: list[int] = []
+#: the temporary files' random parts (no system call: a saving thread does not wait for the GIL)
+_names = random.Random()
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
 _guard = threading.Lock()
 #: the first write into a protected folder that failed: (final path, the error)
 _failed: list[tuple[Path, OSError]] = []
@@ -81,16 +84,6 @@ class SaveFailedError(OSError):
 def is_temporary(name: str) -> bool:
     """Whether a file name is one of :func:`atomic_path`'s temporary files."""
     return TEMP_RE.match(name) is not None
-
-
-def _remember_umask() -> None:
-    """Read the process umask once (``os.umask`` can only be read by setting it): from the thread
-    that protects a folder, never from the threads that save into it."""
-    with _guard:
-        if not _umask:
-            current = os.umask(0o022)
-            os.umask(current)
-            _umask.append(current)
 
 
 def deferred_sync() -> bool:
@@ -188,9 +181,17 @@ def _fsync_path(path: str, start_only: bool = False) -> None:
         os.close(fd)
 
 
-def _plain_mode(tmp: str) -> None:
-    """The permissions a plain ``open()`` would have given the file (``mkstemp`` gives 0600)."""
-    os.chmod(tmp, 0o666 & ~(_umask[0] if _umask else 0o022))
+def _create_temporary(final: Path) -> tuple[int, str]:
+    """A new temporary file next to ``final``, open for writing: its descriptor and path. Created
+    with the mode a plain ``open()`` gives (0o666 less the umask, default ACLs applied)."""
+    for _ in range(100):
+        random_part = "".join(_names.choices(_NAME_CHARS, k=8))
+        tmp = os.path.join(final.parent, f"{TEMP_PREFIX}{final.name}.{random_part}{TEMP_SUFFIX}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(final))
 
 
 def _unlink(tmp: str) -> None:
@@ -202,9 +203,9 @@ def _unlink(tmp: str) -> None:
 
 @contextmanager
 def atomic_path(final: str | os.PathLike, defer: bool = False):
-    """Yield a temporary path next to ``final``; once the body has written it, it is fsynced,
-    given the permissions a plain ``open()`` would have, and renamed over ``final``. On an
-    error the temporary file is removed and ``final`` is untouched.
+    """Yield a temporary path next to ``final`` (a new empty file with the permissions a plain
+    ``open()`` gives); once the body has written it, it is fsynced and renamed over ``final``. On
+    an error the temporary file is removed and ``final`` is untouched.
 
     ``defer``: (unless :func:`deferred_sync` says no) return once the file's write-back has
     started; the committer thread fsyncs and renames it (a failure is recorded with
@@ -213,19 +214,50 @@ def atomic_path(final: str | os.PathLike, defer: bool = False):
     defer = defer and deferred_sync()
     if not defer:
         flush(raise_failed=False)  # e.g. data_config.json: after every sample before it
-    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{final.name}.", suffix=TEMP_SUFFIX, dir=final.parent)
+    fd, tmp = _create_temporary(final)
     os.close(fd)
     try:
         yield tmp
-        _plain_mode(tmp)
         _fsync_path(tmp, start_only=defer)
-        if defer:
-            _hand_over(tmp, final)
-        else:
-            os.replace(tmp, final)
+        _finish(tmp, final, defer)
     except BaseException:
         _unlink(tmp)
         raise
+
+
+@contextmanager
+def atomic_file(final: str | os.PathLike, defer: bool = False):
+    """:func:`atomic_path` for a writer that takes a file descriptor: yield one open for writing
+    (at offset 0) on a new temporary file next to ``final``; once the body has written it, it is
+    fsynced (``defer``: its write-back started, the committer does the rest) and renamed over
+    ``final``. The descriptor is closed here; on an error the temporary file is removed. Four
+    system calls a file besides the body's: create, write-back, close, and the committer's rename."""
+    final = Path(final)
+    defer = defer and deferred_sync()
+    if not defer:
+        flush(raise_failed=False)
+    fd, tmp = _create_temporary(final)
+    try:
+        try:
+            yield fd
+            if defer:
+                _start_writeback(fd)
+            else:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        _finish(tmp, final, defer)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _finish(tmp: str, final: Path, defer: bool) -> None:
+    """A written temporary file: to the committer (``defer``), or renamed over its final name."""
+    if defer:
+        _hand_over(tmp, final)
+    else:
+        os.replace(tmp, final)
 
 
 def _hand_over(tmp: str, final: Path) -> None:
@@ -308,7 +340,6 @@ def write_text(final: str | os.PathLike, text: str) -> None:
 def protect(folder: str | os.PathLike) -> None:
     """Make every ``torch.save``/``Path.write_text``/``Path.write_bytes`` into ``folder``
     atomic (through the ``atomic-save`` patch)."""
-    _remember_umask()
     with _guard:
         _protected.add(os.path.realpath(folder))
 

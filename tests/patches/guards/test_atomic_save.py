@@ -66,7 +66,8 @@ def test_the_direct_writer_writes_what_torch_load_reads_back(tmp_path):
     if atomic_save.direct_writer_fits(torch):
         pytest.skip(f"this torch: {atomic_save.direct_writer_fits(torch)}")
     sample = _sample(torch)
-    atomic_save._direct_save(sample, str(tmp_path / "a.pt"))
+    with open(tmp_path / "a.pt", "wb") as f:
+        atomic_save._direct_save(sample, f.fileno(), tmp_path / "a.pt")
     torch.save(sample, tmp_path / "a_ref.pt")
     got = torch.load(tmp_path / "a.pt", weights_only=True)
     assert torch.equal(got["input_ids"], sample["input_ids"]) and torch.equal(got["loss_mask"], sample["loss_mask"])
@@ -128,6 +129,86 @@ def test_a_protected_torch_save_goes_through_the_direct_writer_and_the_switch_tu
     for i in range(3):
         got = torch.load(out / f"data_{i}.pt", weights_only=True)
         assert all(torch.equal(a, b) for a, b in zip(got["hidden_states"], sample["hidden_states"]))
+
+
+def test_a_direct_save_is_one_pwritev_on_the_file_it_created(tmp_path, monkeypatch):
+    """The direct writer makes a sample's file with one ``os.pwritev`` on the descriptor it created
+    (each system call made from Python ends in a wait for the GIL, held by vLLM's driver): no
+    second ``open()``, no ``pwrite`` a storage, no chmod; the file gets the mode a plain
+    ``open()`` gives, and it is renamed once the committer has it on the disk."""
+    import os
+    import stat
+
+    torch = pytest.importorskip("torch")
+    from speculators_compat.patches.guards import atomic_save
+
+    if atomic_save.direct_writer_fits(torch):
+        pytest.skip(f"this torch: {atomic_save.direct_writer_fits(torch)}")
+    monkeypatch.setattr(atomic_save, "_direct", [True])
+    calls = []
+    for name in ("pwritev", "pwrite", "write", "open", "chmod", "fchmod"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    out = tmp_path / "out"
+    out.mkdir()
+    sample = _sample(torch, length=300, hidden=64)
+    atomic.protect(out)
+    try:
+        atomic_save._torch_save(torch.save, None, (sample, out / "data_0.pt"), {})
+        saved = list(calls)
+        atomic.flush()
+    finally:
+        atomic.unprotect()
+    assert saved == ["open", "pwritev"], saved  # the temporary file's creation, then its bytes
+    got = torch.load(out / "data_0.pt", weights_only=True)
+    assert all(torch.equal(a, b) for a, b in zip(got["hidden_states"], sample["hidden_states"]))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE((out / "data_0.pt").stat().st_mode) == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("most", [7, 4096])
+def test_pwritev_all_writes_every_buffer_in_order_through_short_writes(tmp_path, monkeypatch, most):
+    """``os.pwritev`` may write less than asked, and takes at most ``IOV_MAX`` buffers: the rest
+    follows, in order, from where it stopped."""
+    import os
+
+    from speculators_compat.patches.guards import atomic_save
+
+    real = os.pwritev
+
+    def short(fd, buffers, offset):
+        left, taken = most, []
+        for b in buffers:
+            taken.append(bytes(b[:left]))
+            left -= len(taken[-1])
+            if not left:
+                break
+        return real(fd, taken, offset)
+
+    monkeypatch.setattr(os, "pwritev", short)
+    monkeypatch.setattr(atomic_save, "_IOV_MAX", 3)
+    buffers = [os.urandom(n) for n in (1, 0, 300, 5, 4000, 17, 2)]
+    with open(tmp_path / "f", "wb") as f:
+        atomic_save._pwritev_all(f.fileno(), [bytearray(b) for b in buffers])
+    assert (tmp_path / "f").read_bytes() == b"".join(buffers)
+
+
+def test_an_archive_whose_holes_do_not_match_its_storages_is_refused(tmp_path):
+    """Each hole the zip writer left must be its storage's size, in order: else the save fails
+    (a ``RuntimeError``, raised as a failed save) rather than write a wrong file."""
+    torch = pytest.importorskip("torch")
+    from speculators_compat.patches.guards import atomic_save
+
+    archive = atomic_save._Archive()
+    archive.write(b"head")
+    archive.seek(8, 1)
+    archive.write(b"tail")
+    storage = torch.arange(3, dtype=torch.int32).untyped_storage()  # 12 bytes, not 8
+    with pytest.raises(RuntimeError, match="holes of \\[8\\] bytes"):
+        atomic_save._layout(archive, [("data/0", storage, 12)], tmp_path / "data_0.pt")
+    with pytest.raises(OSError, match="expected a hole"):
+        archive.seek(0)
 
 
 def test_a_failed_save_stops_the_next_generate_call_with_its_error(tmp_path):
@@ -331,13 +412,14 @@ def test_the_filesystem_of_a_folder_is_read_from_mountinfo(tmp_path):
     assert "fuse.gcsfuse" not in atomic.SYNCFS_FILESYSTEMS and "ext4" in atomic.SYNCFS_FILESYSTEMS
 
 
-def test_a_save_whose_zip_writer_fails_raises_an_os_error_and_the_process_lives_on(tmp_path):
-    """torch's zip writer failing inside the archive (a full disk; here a file-size limit) raises a
-    ``RuntimeError`` without an errno, and a writer destroyed unfinished writes the archive's end in
-    its destructor, where a second failure aborts the process (``std::terminate``, exit 134). The
-    direct writer marks a failed writer finished, and the save raises an ``OSError`` (EIO: the
-    filesystem is not full; the writer's error its cause), recorded as a failed save; the process
-    goes on."""
+@pytest.mark.parametrize("writer", ["direct", "torch"])
+def test_a_save_whose_zip_writer_fails_raises_an_os_error_and_the_process_lives_on(tmp_path, writer):
+    """A save that hits a full disk (here a file-size limit) raises an ``OSError``, recorded as a
+    failed save, and the process goes on. torch's zip writer (``SPECULATORS_COMPAT_SAVE_WRITER=torch``)
+    fails with a ``RuntimeError`` without an errno, raised as EIO (the filesystem is not full; the
+    writer's error its cause; a writer destroyed unfinished would write the archive's end in its
+    destructor, where a second failure aborts the process: ``std::terminate``, exit 134). The direct
+    writer's ``pwritev`` fails with the system's error (EFBIG here, ENOSPC on a full disk)."""
     import subprocess
     import sys
 
@@ -350,6 +432,7 @@ from speculators_compat.patches.guards import atomic_save
 from speculators_compat.services import atomic
 atomic_save._direct[:] = [atomic_save.direct_writer_fits(torch) is None]
 print("direct", atomic_save._direct[0])
+os.environ[atomic_save.WRITER_ENV] = sys.argv[2]
 out = sys.argv[1]
 atomic.protect(out)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
@@ -367,10 +450,14 @@ print("alive", sorted(os.listdir(out)))
 """
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script, str(out), writer], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
     assert "direct True" in proc.stdout, proc.stdout
-    assert "raised OSError 5 RuntimeError" in proc.stdout and "recorded 5" in proc.stdout, proc.stdout
+    if writer == "torch":
+        assert "raised OSError 5 RuntimeError" in proc.stdout and "recorded 5" in proc.stdout, proc.stdout
+    else:
+        assert "raised OSError 27 NoneType" in proc.stdout and "recorded 27" in proc.stdout, proc.stdout
     assert "alive []" in proc.stdout, proc.stdout
 
 
