@@ -150,6 +150,27 @@ def test_atomic_path_renames_complete_files_only(tmp_path):
         atomic.unprotect()
 
 
+def test_atomic_file_renames_complete_files_only_and_closes_its_descriptor(tmp_path):
+    """``atomic_file``: the body writes through the descriptor it is given; a body that fails
+    leaves the final name untouched, no temporary file and no open descriptor; one that succeeds
+    renames the file, with the mode a plain ``open()`` gives."""
+    final = tmp_path / "data_0.pt"
+    final.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic.atomic_file(final) as fd:
+            os.pwrite(fd, b"half", 0)
+            raise RuntimeError("killed")
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    assert final.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["data_0.pt"]
+    with atomic.atomic_file(final) as fd:
+        os.pwritev(fd, [b"ne", b"w"], 0)
+    assert final.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["data_0.pt"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(final.stat().st_mode) == 0o666 & ~umask
+
+
 def test_only_direct_children_of_a_protected_folder_are_protected(tmp_path):
     atomic.protect(tmp_path / "out")
     try:
