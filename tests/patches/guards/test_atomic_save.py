@@ -211,6 +211,25 @@ def test_an_archive_whose_holes_do_not_match_its_storages_is_refused(tmp_path):
         archive.seek(0)
 
 
+def test_a_torch_whose_writer_does_not_leave_holes_as_seeks_gets_torch_save(monkeypatch):
+    """The direct writer relies on torch's zip writer leaving a record written without its data as
+    a ``seek`` of the file object: a torch that writes it otherwise fails the trial sample, and
+    ``direct_writer_fits`` names why (the patch then saves through ``torch.save``)."""
+    torch = pytest.importorskip("torch")
+    from speculators_compat.patches.guards import atomic_save
+
+    if atomic_save.direct_writer_fits(torch):
+        pytest.skip(f"this torch: {atomic_save.direct_writer_fits(torch)}")
+
+    def zeros_instead(self, offset, whence=0):  # as a writer that fills the hole would
+        self.write(bytes(offset))
+        return self.size
+
+    monkeypatch.setattr(atomic_save._Archive, "seek", zeros_instead)
+    why = atomic_save.direct_writer_fits(torch)
+    assert why and "does not load back" in why and "holes" in why, why
+
+
 def test_a_failed_save_stops_the_next_generate_call_with_its_error(tmp_path):
     """A save into the protected folder that fails (here the writer raises ENOSPC) is re-raised to its caller as before, and the next
     ``generate()`` raises ``SaveFailedError``: an ``OSError`` with the same errno and file name,
