@@ -214,10 +214,9 @@ def _layout(archive: _Archive, storages: list, path) -> list:
 
 
 def _pwritev_all(fd: int, buffers: list) -> None:
-    """Write ``buffers`` one after the other from offset 0: the file's size set first (a write
-    within the size does not update the inode a page at a time, which several writers' files pay
-    for in the filesystem's journal), then one ``os.pwritev`` (the GIL released once) for as many
-    buffers as the system takes at a time."""
+    """Write ``buffers`` one after the other from offset 0: the file's size set first (the bytes
+    then go within it, as they did into torch's archive with holes), then one ``os.pwritev`` (the
+    GIL released once) for as many buffers as the system takes at a time."""
     views = [memoryview(b).cast("B") for b in buffers]
     os.ftruncate(fd, sum(len(v) for v in views))
     at = offset = 0
