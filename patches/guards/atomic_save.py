@@ -31,8 +31,8 @@ protected folder with torch's defaults is therefore written by :func:`_direct_sa
 memory, every storage's record left as a hole of its size (``write_record_metadata``, what
 ``torch.serialization.skip_data`` does); then the whole file -- those pieces with each storage's
 bytes in its hole -- goes to the temporary file in one ``os.pwritev``, which releases the GIL once
-(:func:`speculators_compat.services.atomic.atomic_file`: create, write, start the write-back,
-close: four system calls a sample). The archive is the one ``torch.save`` writes, except that the
+(:func:`speculators_compat.services.atomic.atomic_file`: create, set the size, write, start the
+write-back, close: five system calls a sample). The archive is the one ``torch.save`` writes, except that the
 tensors' records carry no CRC-32 (0, as with ``torch.serialization.set_crc32_options(False)``):
 ``torch.load`` reads it (it does not check them), the small records (``data.pkl``, ...) keep
 theirs, so the runner's resume and ``verify`` read it too; a zip tool's ``testzip`` reports the

@@ -230,8 +230,9 @@ def atomic_file(final: str | os.PathLike, defer: bool = False):
     """:func:`atomic_path` for a writer that takes a file descriptor: yield one open for writing
     (at offset 0) on a new temporary file next to ``final``; once the body has written it, it is
     fsynced (``defer``: its write-back started, the committer does the rest) and renamed over
-    ``final``. The descriptor is closed here; on an error the temporary file is removed. Four
-    system calls a file besides the body's: create, write-back, close, and the committer's rename."""
+    ``final``. The descriptor is closed here; on an error the temporary file is removed. Three
+    system calls a file besides the body's (create, start the write-back, close), then the
+    committer's rename."""
     final = Path(final)
     defer = defer and deferred_sync()
     if not defer:
