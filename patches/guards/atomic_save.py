@@ -32,14 +32,15 @@ memory, every storage's record left as a hole of its size (``write_record_metada
 ``torch.serialization.skip_data`` does); then the whole file -- those pieces with each storage's
 bytes in its hole -- goes to the temporary file in one ``os.pwritev``, which releases the GIL once
 (:func:`speculators_compat.services.atomic.atomic_file`: create, set the size, write, start the
-write-back, close: five system calls a sample). The archive is the one ``torch.save`` writes, except that the
-tensors' records carry no CRC-32 (0, as with ``torch.serialization.set_crc32_options(False)``):
-``torch.load`` reads it (it does not check them), the small records (``data.pkl``, ...) keep
-theirs, so the runner's resume and ``verify`` read it too; a zip tool's ``testzip`` reports the
-tensors' records. ``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (read at each save) writes with
-``torch.save`` itself instead, and so does a save with other arguments, or a torch whose ``_save``
-/ ``PyTorchFileWriter`` have another shape or whose trial sample does not load back (found when
-the patch applies).
+write-back, close: five system calls a sample). The archive is the one ``torch.save`` writes,
+except that the tensors' records carry no CRC-32 (0, as with
+``torch.serialization.set_crc32_options(False)``): ``torch.load`` reads it (it does not check
+them), the small records (``data.pkl``, ...) keep theirs, so the runner's resume and ``verify``
+read it too; a zip tool's ``testzip`` reports the tensors' records.
+``SPECULATORS_COMPAT_SAVE_WRITER=torch`` (read at each save) writes with ``torch.save`` itself
+instead, and so does a save with other arguments, or a torch whose ``_save`` /
+``PyTorchFileWriter`` have another shape or whose trial sample does not load back (found when the
+patch applies).
 
 Errors on time: the stock script looks at its save futures only after its last batch, so a save
 that fails (a full disk, a permission) would surface hours later. A failed write into the folder
@@ -207,7 +208,8 @@ def _layout(archive: _Archive, storages: list, path) -> list:
     buffers = [archive.pieces[0]]
     for (name, storage, size), piece in zip(filled, archive.pieces[1:]):
         if storage.nbytes() != size:
-            raise RuntimeError(f"atomic-save: record {name} of {path} holds {size} bytes, its storage {storage.nbytes()}")
+            raise RuntimeError(f"atomic-save: record {name} of {path} holds {size} bytes, "
+                               f"its storage {storage.nbytes()}")
         data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,))
         buffers += [memoryview(data.numpy()).cast("B"), piece]
     return [b for b in buffers if len(b)]

@@ -11,9 +11,10 @@ and the test matrix's validation records all write through it.
 the ``atomic-save`` patch routes every ``torch.save`` / ``Path.write_text`` / ``Path.write_bytes``
 whose destination :func:`protected` names through :func:`atomic_path` or :func:`atomic_file`.
 
-:func:`atomic_path` / :func:`atomic_file` with ``defer=True`` (the ``atomic-save`` patch's ``torch.save`` into a protected
-folder, unless ``SPECULATORS_COMPAT_SAVE_SYNC=file``) returns once the temporary file is written and
-its write-back started: one committer thread makes the files handed to it durable a batch at a time
+:func:`atomic_path` / :func:`atomic_file` with ``defer=True`` (the ``atomic-save`` patch's
+``torch.save`` into a protected folder, unless ``SPECULATORS_COMPAT_SAVE_SYNC=file``) returns once
+the temporary file is written and its write-back started: one committer thread makes the files
+handed to it durable a batch at a time
 (on Linux 5.8 and later one ``syncfs`` of their local filesystem a batch, elsewhere an fsync a file) and
 renames each over its final name only then (then fsyncs the folder), so a file is still never seen
 under its final name incomplete. At most :data:`MAX_PENDING` files wait in its queue: a writer
@@ -40,8 +41,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_file", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect", "unprotect",
-           "protected", "TEMP_RE", "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures",
+__all__ = ["atomic_path", "atomic_file", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect",
+           "unprotect", "protected", "TEMP_RE", "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures",
            "MAX_PENDING", "SYNCFS_FILESYSTEMS", "filesystem_type"]
 
 #: the temporary files of :func:`atomic_path`: ``.<final name>.<random>.tmp``
