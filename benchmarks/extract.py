@@ -121,15 +121,18 @@ class Marks:
 
 def bench(model: str, out: Path, rounds: int, n: int, length: int, util: float, dtype: str = "auto",
           vllm_extract: bool = False, vllm_extract_dir: str | None = None, vllm_extract_util: float | None = None,
-          tp: int = 1) -> dict:
+          tp: int = 1, vllm_extract_alone: bool = False, vllm_extract_len: int | None = None) -> dict:
     """The ``bench`` command (the module's docstring says what it measures): the engines built in
     one process, each mode warmed up then timed in rotated rounds, the report written to ``out``
-    as it grows and summed up in one printed JSON line. The process then ends (``os._exit``)."""
+    as it grows and summed up in one printed JSON line. The process then ends (``os._exit``).
+    ``vllm_extract_alone``: no generator in this process, vLLM's own extraction against the prefill
+    only, at ``vllm_extract_len`` (default: the model's own ``max_model_len``)."""
     run = _Bench(model, out, rounds, n, length, util, dtype, tp)
-    run.start_prefill(record_runner=vllm_extract)
-    run.start_generator()
-    if vllm_extract:
-        run.add_vllm_extract(vllm_extract_dir, vllm_extract_util)
+    run.start_prefill(record_runner=vllm_extract or vllm_extract_alone)
+    if not vllm_extract_alone:
+        run.start_generator()
+    if vllm_extract or vllm_extract_alone:
+        run.add_vllm_extract(vllm_extract_dir, vllm_extract_util, vllm_extract_len)
     run.warm_up()
     run.measure()
     run.after_rounds()
@@ -257,17 +260,20 @@ class _Bench:
         out["self_check_s"] = totals.seconds - before
         return out
 
-    def add_vllm_extract(self, folder: str | None, util: float | None) -> None:
+    def add_vllm_extract(self, folder: str | None, util: float | None, length: int | None = None) -> None:
         """vLLM's own extraction on the same model, prompts and layers (``vllm_extract``; its
-        figures fail soft)."""
+        figures fail soft), at ``length`` tokens a request; by default the generator's (the same
+        requests fit), or without a generator in the process the model's own."""
         base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
         folder = folder or f"{base}/gpu-extract-anchor-{os.getpid()}"
-        length = self.gen.vllm_config.model_config.max_model_len  # the generator's: the same requests fit
+        if length is None and self.gen is not None:
+            length = self.gen.vllm_config.model_config.max_model_len
         self.report["vllm_extract"] = {"engine_args": anchor_config(self.layer_ids, folder, length)}
         try:
             self.anchor = Anchor(self.model, self.batch, self.layer_ids, util or self.util, self.dtype, folder,
                                  self.tp, length)
             self.report["vllm_extract"] = self.anchor.describe()
+            self.report["vllm_extract"]["alone"] = self.gen is None
             self.modes["vllm_extract"] = self.anchor
         except Exception as exc:  # noqa: BLE001 - recorded; the other modes are still measured
             self.report["vllm_extract"]["error"] = f"engine: {type(exc).__name__}: {str(exc)[:1500]}"
@@ -308,7 +314,7 @@ class _Bench:
                 continue
             first[mode] = {"s": round(got[0], 4), "tokens_s": round(self.tokens / got[0]),
                            **{k: round(v, 4) for k, v in got[1].items() if v is not None}}
-            if self.call(mode) is None:
+            if self.call(mode) is None or self.gen is None:
                 continue
             self.gen.executor.collective_rpc(w_stats)
 
@@ -333,6 +339,8 @@ class _Bench:
     def after_rounds(self) -> None:
         """vLLM's rows against the generator's, and where the driver's own time goes."""
         report = self.report
+        if self.gen is None:  # vLLM's own extraction alone: nothing of the generator's to compare or profile
+            return
         if "vllm_extract" in self.modes:  # the same rows? vLLM's last call against the generator's last results
             try:
                 report["vllm_extract"]["check"] = self.anchor.compare(self.sent["results"])
@@ -373,7 +381,7 @@ class _Bench:
         report["ratio"] = {m: round(v / med["prefill"], 3) for m, v in med.items()}
         report["spread_tokens_s"] = {m: [min(c["tokens_s"] for c in calls), max(c["tokens_s"] for c in calls)]
                                      for m, calls in calls_by_mode.items()}
-        if "vllm_extract" in med:
+        if "vllm_extract" in med and "extract" in med:
             report["vllm_extract"]["extract_over_vllm_extract"] = round(med["extract"] / med["vllm_extract"], 3)
         report["breakdown_median_s"] = {
             m: {k: round(statistics.median(c[k] for c in calls if k in c), 4)
@@ -381,8 +389,8 @@ class _Bench:
                           "self_check_s", "gc_s", "generate_s", "load_s", "cleanup_s")
                 if any(k in c for c in calls)}
             for m, calls in calls_by_mode.items() if m != "prefill"}
-        report["ratio_as_installed"] = report["ratio"]["extract"]
-        if report["target"] is not None:
+        report["ratio_as_installed"] = report["ratio"].get("extract")
+        if report["target"] is not None and self.gen is not None:
             report["meets_target"] = report["ratio_as_installed"] >= report["target"] and not report["missing_features"]
         if "extract_nocheck" in med:
             report["self_check_cost"] = round(med["extract_nocheck"] / med["extract"] - 1, 4)  # 0.02 = 2 %

@@ -3,6 +3,7 @@
     python benchmarks/gpu.py build ROOT [llama-1b llama-8b]     # the random bf16 Llamas (no vLLM needed)
     python benchmarks/gpu.py bench ROOT/llama-1b --out FILE [--rounds 3] [--prompts 64] [--len 1024]
                                                   [--vllm-extract [--vllm-extract-dir DIR]] [--tp N]
+                                                  [--vllm-extract-alone [--vllm-extract-util U]]
     python benchmarks/gpu.py stock ROOT/llama-8b --out FILE [--calls 50] [--batch 16] [--disk DIR]
                                                   [--prefill-json BENCH_FILE] [--runs N] [--writer torch|direct]
                                                   [--sync file|batch] [--delete-saved]
@@ -16,7 +17,10 @@ self-check (``extract_nocheck``) and with the capture hooks removed in the worke
 extraction (``anchor.py``: the ``extract_hidden_states`` speculative method and its
 ``ExampleHiddenStatesConnector`` writing each request's states to DIR, default
 ``/dev/shm/gpu-extract-anchor-PID``, timed until every file is loaded; at the generator's
-``max_model_len``; its rows compared with the generator's; it fails soft). After a warm-up (each
+``max_model_len``; its rows compared with the generator's; it fails soft). ``--vllm-extract-alone``:
+vLLM's own extraction at its best settings, in a process of its own beside the prefill only (no
+generator), at the model's own ``max_model_len``; set the ratio of a generator run's ``extract``
+against this run's ``vllm_extract``, each to its own process's prefill. After a warm-up (each
 mode's first full-size call kept in ``first_call``) the modes alternate in a rotated order,
 ``--rounds`` times, each call timed between CUDA synchronisations. Reported: tokens/s per call,
 medians, spread, ratios to the prefill and the model's bar (``TARGETS``), where a call's time went
@@ -66,6 +70,11 @@ def main(argv=None):
                    help="also vLLM's own extraction (extract_hidden_states + ExampleHiddenStatesConnector; vllm_extract)")
     p.add_argument("--vllm-extract-dir", help="where its connector writes (default /dev/shm/gpu-extract-anchor-PID)")
     p.add_argument("--vllm-extract-util", type=float, help="its engine's gpu_memory_utilization (default --util)")
+    p.add_argument("--vllm-extract-alone", action="store_true",
+                   help="vLLM's own extraction against the prefill in a process without the generator, at the "
+                        "model's own max_model_len (its best settings; compare the ratios of two processes)")
+    p.add_argument("--vllm-extract-len", type=int,
+                   help="its max_model_len (default: the generator's, or alone the model's own)")
     s = sub.add_parser("stock", help="the stock script through the runner, against its limit")
     s.add_argument("model")
     s.add_argument("--out", required=True)
@@ -91,7 +100,8 @@ def main(argv=None):
         import extract
 
         extract.bench(args.model, Path(args.out), args.rounds, args.prompts, args.len, args.util, args.dtype,
-                      args.vllm_extract, args.vllm_extract_dir, args.vllm_extract_util, args.tp)
+                      args.vllm_extract, args.vllm_extract_dir, args.vllm_extract_util, args.tp,
+                      args.vllm_extract_alone, args.vllm_extract_len)
     else:
         import stock
 

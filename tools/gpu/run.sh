@@ -28,7 +28,8 @@
 #             (/tmp/g016/bm; transformers 4.57 as for prepare; no vLLM needed, so it runs in call 1)
 #   bench     benchmarks/gpu.py bench on each of $BENCH_MODELS (llama-1b llama-8b): vLLM's
 #             eager prefill, the generator as installed and its steps alone, 3 rotated rounds ->
-#             $OUT/bench-<model>.json (also kept in $BM for `stock`); BENCH_ARGS adds options
+#             $OUT/bench-<model>.json (also kept in $BM for `stock`); BENCH_ARGS adds options;
+#             BENCH_TAG names another report (bench-<model>$BENCH_TAG.json; `stock` reads the untagged one)
 #   stock     benchmarks/gpu.py stock on llama-8b: the stock script through `speculators-compat
 #             run`, $STOCK_CALLS (50) calls of 16 x 1024 tokens saved to /tmp/stock, against the disk's
 #             and the save path's bandwidth and the bench's prefill -> $OUT/stock-llama-8b$STOCK_TAG.json
@@ -163,10 +164,10 @@ print('vllm',vllm.__version__,'import_s',round(time.time()-t,1))" ) 2>&1 | grep 
     ls "$BM" ;;
   bench)
     for m in $BENCH_MODELS; do
-      timeout ${TMO_BENCH:-280} python3 benchmarks/gpu.py bench "$BM/$m" --out "$BM/bench-$m.json" ${BENCH_ARGS-} \
-        > "$OUT/bench-$m.log" 2>&1; echo "bench $m rc=$? (t=$(( $(date +%s) - T_START ))s)"
-      cp "$BM/bench-$m.json" "$OUT/" 2>/dev/null
-      grep -E "^WARNING: not applied|^\{" "$OUT/bench-$m.log" | cut -c1-1500 | tail -2
+      timeout ${TMO_BENCH:-280} python3 benchmarks/gpu.py bench "$BM/$m" --out "$BM/bench-$m${BENCH_TAG-}.json" ${BENCH_ARGS-} \
+        > "$OUT/bench-$m${BENCH_TAG-}.log" 2>&1; echo "bench $m rc=$? (t=$(( $(date +%s) - T_START ))s)"
+      cp "$BM/bench-$m${BENCH_TAG-}.json" "$OUT/" 2>/dev/null
+      grep -E "^WARNING: not applied|^\{" "$OUT/bench-$m${BENCH_TAG-}.log" | cut -c1-1500 | tail -2
     done ;;
   stock)
     m=${STOCK_MODEL:-llama-8b}
