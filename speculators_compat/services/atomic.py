@@ -171,13 +171,10 @@ def _sync_filesystem(folder: Path) -> bool:
         os.close(fd)
 
 
-def _fsync_path(path: str, start_only: bool = False) -> None:
+def _fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        if start_only:
-            _start_writeback(fd)
-        else:
-            os.fsync(fd)
+        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -203,45 +200,21 @@ def _unlink(tmp: str) -> None:
 
 
 @contextmanager
-def atomic_path(final: str | os.PathLike, defer: bool = False):
-    """Yield a temporary path next to ``final`` (a new empty file with the permissions a plain
-    ``open()`` gives); once the body has written it, it is fsynced and renamed over ``final``. On
-    an error the temporary file is removed and ``final`` is untouched.
-
-    ``defer``: (unless :func:`deferred_sync` says no) return once the file's write-back has
-    started; the committer thread fsyncs and renames it (a failure is recorded with
-    :func:`record_failure`). A write without ``defer`` first waits for the files handed over."""
+def _temporary(final: str | os.PathLike, defer: bool):
+    """What :func:`atomic_path` and :func:`atomic_file` share: yield ``(fd, tmp)``, a new
+    temporary file next to ``final`` and a descriptor open on it for writing, kept open across the
+    body; once the body has written the file (through ``fd`` or through ``tmp``: the same file),
+    it is fsynced through ``fd`` (``defer``: its write-back started, the committer does the rest),
+    ``fd`` is closed, and the file is renamed over ``final``. On an error the temporary file is
+    removed and ``final`` is untouched."""
     final = Path(final)
     defer = defer and deferred_sync()
     if not defer:
         flush(raise_failed=False)  # e.g. data_config.json: after every sample before it
     fd, tmp = _create_temporary(final)
-    os.close(fd)
-    try:
-        yield tmp
-        _fsync_path(tmp, start_only=defer)
-        _finish(tmp, final, defer)
-    except BaseException:
-        _unlink(tmp)
-        raise
-
-
-@contextmanager
-def atomic_file(final: str | os.PathLike, defer: bool = False):
-    """:func:`atomic_path` for a writer that takes a file descriptor: yield one open for writing
-    (at offset 0) on a new temporary file next to ``final``; once the body has written it, it is
-    fsynced (``defer``: its write-back started, the committer does the rest) and renamed over
-    ``final``. The descriptor is closed here; on an error the temporary file is removed. Three
-    system calls a file besides the body's (create, start the write-back, close), then the
-    committer's rename."""
-    final = Path(final)
-    defer = defer and deferred_sync()
-    if not defer:
-        flush(raise_failed=False)
-    fd, tmp = _create_temporary(final)
     try:
         try:
-            yield fd
+            yield fd, tmp
             if defer:
                 _start_writeback(fd)
             else:
@@ -252,6 +225,32 @@ def atomic_file(final: str | os.PathLike, defer: bool = False):
     except BaseException:
         _unlink(tmp)
         raise
+
+
+@contextmanager
+def atomic_path(final: str | os.PathLike, defer: bool = False):
+    """Yield a temporary path next to ``final`` (a new empty file with the permissions a plain
+    ``open()`` gives); once the body has written it, it is fsynced and renamed over ``final``. On
+    an error the temporary file is removed and ``final`` is untouched. The body writes the file
+    in place (it must not replace it by another: the sync is on the file created here).
+
+    ``defer``: (unless :func:`deferred_sync` says no) return once the file's write-back has
+    started; the committer thread fsyncs and renames it (a failure is recorded with
+    :func:`record_failure`). A write without ``defer`` first waits for the files handed over."""
+    with _temporary(final, defer) as (_fd, tmp):
+        yield tmp
+
+
+@contextmanager
+def atomic_file(final: str | os.PathLike, defer: bool = False):
+    """:func:`atomic_path` for a writer that takes a file descriptor: yield one open for writing
+    (at offset 0) on a new temporary file next to ``final``; once the body has written it, it is
+    fsynced (``defer``: its write-back started, the committer does the rest) and renamed over
+    ``final``. The descriptor is closed here; on an error the temporary file is removed. Three
+    system calls a file besides the body's (create, start the write-back, close), then the
+    committer's rename."""
+    with _temporary(final, defer) as (fd, _tmp):
+        yield fd
 
 
 def _finish(tmp: str, final: Path, defer: bool) -> None:

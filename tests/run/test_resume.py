@@ -171,6 +171,38 @@ def test_atomic_file_renames_complete_files_only_and_closes_its_descriptor(tmp_p
     assert stat.S_IMODE(final.stat().st_mode) == 0o666 & ~umask
 
 
+@pytest.mark.parametrize("writer", ["path", "file"])
+def test_atomic_writes_sync_what_the_body_wrote_before_the_rename(tmp_path, monkeypatch, writer):
+    """Without ``defer`` the file is fsynced once its body has written it and before it is renamed
+    over the final name: the fsync reaches the file the body wrote (through the yielded path or
+    descriptor), holding the body's bytes, and comes before the rename."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        info = os.fstat(fd)
+        events.append(("fsync", info.st_ino, info.st_size))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("rename", os.stat(src).st_ino, Path(dst).name))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    final = tmp_path / "data_0.pt"
+    if writer == "path":
+        with atomic.atomic_path(final) as tmp:
+            Path(tmp).write_bytes(b"twelve bytes")
+    else:
+        with atomic.atomic_file(final) as fd:
+            os.pwrite(fd, b"twelve bytes", 0)
+    ino = final.stat().st_ino
+    assert final.read_bytes() == b"twelve bytes"
+    assert ("fsync", ino, 12) in events and ("rename", ino, "data_0.pt") in events, events
+    assert events.index(("fsync", ino, 12)) < events.index(("rename", ino, "data_0.pt")), events
+
+
 def test_only_direct_children_of_a_protected_folder_are_protected(tmp_path):
     atomic.protect(tmp_path / "out")
     try:
