@@ -101,7 +101,9 @@ for s in "$@"; do
     if [ -d "$PAY"/tf4 ]; then mkdir -p "$SITE_TF4"; pipi2 "$SITE_TF4" "$PAY"/tf4/*.whl; fi
     # speculators 0.3.0 imports on transformers 5.x only through the shim (installed by `project`):
     # check the wheels on the transformers 4.57 path
-    PYTHONPATH=$SITE_TF4:$SITE python3 -c "import transformers, tokenizers, huggingface_hub, speculators, compressed_tensors, loguru, wrapt, pydantic
+    # (without tf4 in this call -- it travels later -- speculators is left out of the check)
+    spec=speculators,; [ -d "$PAY"/tf4 ] || spec=
+    PYTHONPATH=$SITE_TF4:$SITE python3 -c "import transformers, tokenizers, huggingface_hub, $spec compressed_tensors, loguru, wrapt, pydantic
 print('deps ok: transformers', transformers.__version__, 'hub', huggingface_hub.__version__, 'tokenizers', tokenizers.__version__,
       'compressed-tensors', compressed_tensors.__version__, 'wrapt', wrapt.__version__)" 2>&1 | tail -3 ;;
   project)
