@@ -80,6 +80,7 @@ class Anchor:
         return {"engine_args": {"enforce_eager": True, "enable_prefix_caching": False, **self.config},
                 "vllm_layer_ids": [i + 1 for i in self.layer_ids], "folder": self.folder,
                 "folder_fs": _fs_type(os.path.realpath(self.folder)), "init_s": self.init_s,
+                "max_model_len": getattr(getattr(vc, "model_config", None), "max_model_len", None),
                 "engine": _sched(vc), "speculative": str(spec) if spec is not None else None,
                 "model_runner_v2": _runner_v2(vc),
                 "timed": "LLM.generate(prompts, SamplingParams(max_tokens=1)) and load_hidden_states(path) of every "

@@ -30,9 +30,9 @@ the figures are not the library's), and the driver's own time under cProfile for
 
 ``stock`` (``stock.py``): the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads,
 their futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches of
-``--batch`` x ``--len`` tokens saved to ``--disk``, ``--runs`` times; before them, the disk's own
-write bandwidth (64 MiB writes then fsync, one writer and ``--disk-writers``) and the save path's
-from memory. The figure, with ``--prefill-json`` (a ``bench`` report of the same model):
+``--batch`` x ``--len`` tokens saved to ``--disk``, ``--runs`` times; before them and after each, the
+disk's own write bandwidth (64 MiB writes then fsync, one writer and ``--disk-writers``; the limit
+takes the highest measured), and before them the save path's from memory. The figure, with ``--prefill-json`` (a ``bench`` report of the same model):
 ``ratio_to_limit``, the extraction phase (first ``generate()`` to the last file complete) in
 tokens/s over the lower of the eager prefill and the disk's best bandwidth over the bytes a token
 writes (bar 0.90), the wall-clock ratio beside it; each call's seconds, the script's own time
