@@ -237,6 +237,20 @@ def test_check_refuses_an_unknown_disabled_id_and_names_the_known_ones(tmp_path)
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def test_the_checks_list_of_the_projects_dependencies_is_setup_cfgs():
+    """``check`` names the project's own dependencies from a list of its own (it runs from a
+    checkout that was never installed, without the package's metadata): the same as setup.cfg's
+    ``install_requires``."""
+    import configparser
+
+    from speculators_compat.check import command
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(CHECKOUT, "setup.cfg"))
+    lines = [ln.strip() for ln in cfg["options"]["install_requires"].splitlines() if ln.strip()]
+    assert tuple(re.split(r"[<>=!~;\[ ]", ln)[0] for ln in lines) == command.DEPENDENCIES
+
+
 @pytest.mark.parametrize("missing", ["wrapt", "packaging"])
 def test_check_in_a_python_without_the_projects_dependencies_says_to_install_the_project(tmp_path, missing):
     """From a checkout, in a Python where the project was never installed: one line saying to
