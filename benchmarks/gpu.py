@@ -32,11 +32,12 @@ the figures are not the library's), and the driver's own time under cProfile for
 their futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches of
 ``--batch`` x ``--len`` tokens saved to ``--disk``, ``--runs`` times; before them and after each, the
 disk's own write bandwidth (64 MiB writes then fsync, one writer and ``--disk-writers``; the limit
-takes the highest measured), and before them the save path's from memory. The figure, with ``--prefill-json`` (a ``bench`` report of the same model):
-``ratio_to_limit``, the extraction phase (first ``generate()`` to the last file complete) in
-tokens/s over the lower of the eager prefill and the disk's best bandwidth over the bytes a token
-writes (bar 0.90), the wall-clock ratio beside it; each call's seconds, the script's own time
-between calls, the held results, resident memory and ``/dev/shm`` use sampled every 0.2 s.
+takes the highest measured), and before them the save path's from memory. The figure, with
+``--prefill-json`` (a ``bench`` report of the same model): ``ratio_to_limit``, the extraction phase
+(first ``generate()`` to the last file complete) in tokens/s over the lower of the eager prefill and
+the disk's best bandwidth over the bytes a token writes (bar 0.90), the wall-clock ratio beside it;
+each call's seconds, the script's own time between calls, the held results, resident memory and
+``/dev/shm`` use sampled every 0.2 s.
 
 Ratios only, measured in one process: absolute figures vary with the machine. The self-check's
 separation is ``tools/gpu/selfcheck.py``; the CPU benchmark ``benchmarks/run.py``.
