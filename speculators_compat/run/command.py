@@ -352,8 +352,10 @@ def _redeliver_swallowed_signals():
     def hook(unraisable):
         for raised, signum in _RAISED_BY:
             if armed[0] and unraisable.exc_type is not None and issubclass(unraisable.exc_type, raised):
+                timer = threading.Timer(REDELIVER_AFTER, again, (signum,))
+                timer.daemon = True  # never holds the interpreter's exit
                 try:
-                    threading.Timer(REDELIVER_AFTER, again, (signum,)).start()
+                    timer.start()
                 except RuntimeError:  # no new thread at interpreter shutdown
                     break
                 _log().debug("%s raised in a finalizer: the signal comes again", raised.__name__)
