@@ -145,7 +145,7 @@ def test_after_sigterm_the_runner_does_not_deny_the_shutdown_it_just_logged(tmp_
 
 
 FINALIZED = """
-import signal, sys, time, weakref
+import signal, time, weakref
 
 
 class Segment:
