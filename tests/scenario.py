@@ -376,7 +376,7 @@ def main() -> int:
         batch = mixed[:12]
         long = [i for i, ids in enumerate(batch) if len(ids) >= 2]
         hit = {"swap": long[:2], "shift": long[:1], "drop": [0]}
-        saved = {k: os.environ.get(k) for k in (selfcheck.SELF_CHECK_ENV, faults.ENV)}
+        saved = {k: os.environ.get(k) for k in (selfcheck.SELF_CHECK_ENV, selfcheck.POSITIONS_ENV, faults.ENV)}
         os.environ[selfcheck.SELF_CHECK_ENV] = "all"
         out: dict = {}
 
@@ -390,7 +390,8 @@ def main() -> int:
                 error = None
             last = selfcheck.totals_of(gen).last
             seqs = [r for r in last if r["sequence"] in faulted]
-            out[key] = {"error": error, "faulted": faulted,
+            out[key] = {"error": error, "faulted": faulted, "compared": [r.get("compared") for r in last],
+                        "rows": [r["rows"] for r in last],
                         "correct_worst": max((r["worst"] for r in last if r["sequence"] not in faulted), default=0.0),
                         "faulted_worst": [r["worst"] for r in seqs]}
             if fault == "none" and error:
@@ -405,6 +406,12 @@ def main() -> int:
                 run(fault, fault, hit[fault])
             for fault in faults.WORKER_FAULTS:
                 run(fault, fault, everyone)
+            # two positions of each sequence compared (one spread, the last): every fault still caught
+            os.environ[selfcheck.POSITIONS_ENV] = "2"
+            run("sampled:none", "none", [])
+            for fault in (*faults.DRIVER_FAULTS, *faults.WORKER_FAULTS):
+                run(f"sampled:{fault}", fault, hit.get(fault, everyone))
+            os.environ.pop(selfcheck.POSITIONS_ENV)
             # the last layer not captured: the workers capture it for the checked sequences only
             layers = list(gen.layer_ids)
             gen.layer_ids = [i for i in layers if i != num_layers - 1]

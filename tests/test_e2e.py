@@ -219,15 +219,19 @@ def assert_self_check(report, tolerance=None):
         assert value == "not applied"
         return value
     tol = tolerance or selfcheck.DEFAULT_TOLERANCE
-    assert value["totals"]["failed"] and value["totals"]["calls"] >= 9
+    assert value["totals"]["failed"] and value["totals"]["calls"] >= 15
+    assert value["totals"]["positions"] < value["totals"]["rows"]
     # through results-in-place every comparison is sent as soon as the rows are in place
     compared = value["compared"]
-    assert compared["calls"] >= 9
+    assert compared["calls"] >= 15
     assert compared["sent_early"] == (compared["calls"] if compared["results_in_place"] else 0), compared
     for key, got in value.items():
         if key in ("totals", "compared"):
             continue
         assert got["correct_worst"] <= tol / 3, (key, got)  # correct rows: well below the threshold
+        if key.startswith("sampled:"):  # two positions of each sequence, the others not compared
+            assert all(c == min(2, r) for c, r in zip(got["compared"], got["rows"])), (key, got)
+            assert max(got["rows"]) > 2, (key, got)
         if got["faulted"]:
             assert got["error"] and min(got["faulted_worst"], default=1.0) >= 3 * tol, (key, got)
     return value

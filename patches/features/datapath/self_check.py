@@ -18,14 +18,17 @@ be the block that was compared; else it is sent after the call. Each worker puts
 through the model's own final norm and ``compute_logits`` (vocabulary-parallel, gathered over
 vLLM's TP group) and compares the next-token log-probs with those of vLLM's own states, position
 by position (:mod:`._runtime.compare`: the measure, and what comes back -- a few numbers per
-sequence). Where the caller's layers lack the last one, the workers capture it for the checked
-sequences only, cut as the stock code cuts the call's rows; the results are unchanged. A
+sequence). Of each checked sequence, ``SPECULATORS_COMPAT_SELF_CHECK_POSITIONS`` positions are
+compared (default 128, spread evenly, the last one always, the others moving with the call
+number; ``all``: every position), so the comparison costs the same for any sequence length.
+Where the caller's layers lack the last one, the workers capture it for the checked sequences
+only, cut as the stock code cuts the call's rows; the results are unchanged. A
 position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
 :data:`._runtime.checking.DEFAULT_TOLERANCE`) raises
 :class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
 difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
 and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
-every sequence.
+every position of every sequence.
 
 Detection: the stock ``generate`` names its requests ``req_<counter>_<i>`` and cuts one row
 per token in input order (speculators 0.3.x; otherwise unknown), and vLLM's ``collective_rpc``
@@ -116,6 +119,7 @@ def _generate(wrapped, instance, args, kwargs):
     executor = getattr(instance, "executor", None)
     lengths = call_lengths(instance, token_ids)
     per_call = checking.sequences_per_call()
+    most = checking.positions_per_sequence()
     full = checking.full_calls()
     if full and per_call == 0:
         from speculators_compat.patching import InvalidInputError
@@ -131,7 +135,8 @@ def _generate(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     starts = list(itertools.accumulate([0] + lengths[:-1]))
     counter = instance._request_counter
-    plan = checking.Plan({f"req_{counter}_{i}": (i, lengths[i], starts[i]) for i in checked})
+    plan = checking.Plan({f"req_{counter}_{i}": (i, lengths[i], starts[i]) for i in checked},
+                         0 if call < full else most, call)
     t0 = time.perf_counter()
     replies = executor.collective_rpc(compare.arm, args=(plan,))
     totals.seconds += time.perf_counter() - t0

@@ -39,6 +39,37 @@ def test_options(monkeypatch):
             selfcheck.tolerance()
 
 
+def test_positions_option(monkeypatch):
+    monkeypatch.delenv(selfcheck.POSITIONS_ENV, raising=False)
+    assert selfcheck.positions_per_sequence() == selfcheck.DEFAULT_POSITIONS == 128
+    for raw, want in [("all", 0), (" ALL ", 0), ("2", 2), ("500", 500)]:
+        monkeypatch.setenv(selfcheck.POSITIONS_ENV, raw)
+        assert selfcheck.positions_per_sequence() == want
+    for bad in ("0", "1", "-3", "many", "1.5"):
+        monkeypatch.setenv(selfcheck.POSITIONS_ENV, bad)
+        with pytest.raises(InvalidInputError, match="SPECULATORS_COMPAT_SELF_CHECK_POSITIONS"):
+            selfcheck.positions_per_sequence()
+
+
+@pytest.mark.parametrize("n,most", [(1024, 128), (1000, 128), (129, 128), (300, 2), (5000, 7)])
+def test_compared_positions_are_spread_hold_the_last_and_cover_every_position_over_calls(n, most):
+    seen = set()
+    for call in range(1000):
+        at = selfcheck.positions(n, most, call)
+        # at most `most`, the last always, at least one before it (a shift by one keeps the last row)
+        assert at == sorted(set(at)) and 2 <= len(at) <= most and at[-1] == n - 1 and 0 <= at[0]
+        assert len({b - a for a, b in zip(at, at[1:-1])}) <= 1  # evenly spread (the last position apart)
+        assert len(at) >= min(most, n) // 2  # not far below the number asked for
+        seen.update(at)
+    assert seen == set(range(n))  # consecutive calls compare every position
+
+
+def test_short_sequences_and_all_compare_every_position():
+    assert selfcheck.positions(128, 128, 5) is None
+    assert selfcheck.positions(3, 128, 0) is None
+    assert selfcheck.positions(10_000, 0, 7) is None
+
+
 def test_unvalidated_opt_in(monkeypatch):
     monkeypatch.delenv(_env.UNVALIDATED, raising=False)
     assert not _env.unvalidated_self_check() and selfcheck.full_calls() == 0
@@ -83,12 +114,12 @@ def test_totals_and_the_end_line(monkeypatch):
     assert selfcheck.summary(gen) is None and selfcheck.summary_text(gen) is None
     totals = selfcheck.totals_of(gen)
     totals.add([result(rows=10, worst=0.002), result(sequence=5, rows=7, worst=0.004, nats=0.02, position=6)], call=2)
-    totals.add([result(rows=3, worst=0.001)], call=5)
+    totals.add([result(rows=300, compared=128, worst=0.001)], call=5)
     s = selfcheck.summary(gen)
-    assert (s["calls"], s["sequences"], s["rows"]) == (2, 3, 20)
+    assert (s["calls"], s["sequences"], s["rows"], s["positions"]) == (2, 3, 317, 145)
     assert s["worst_relative"] == 0.004 and s["worst_at"] == "call 2, sequence 5, position 6"
     assert s["worst_nats"] == 0.02 and s["failed"] is None
-    assert selfcheck.summary_text(gen) == "self-check: 3 sequences, 20 rows in 2 calls, worst 0.004 (0.02 nats) against 0.03, 0.0 s"
+    assert selfcheck.summary_text(gen) == "self-check: 3 sequences, 317 rows (145 positions compared) in 2 calls, worst 0.004 (0.02 nats) against 0.03, 0.0 s"
     totals.off = "the workers do not run self-check-reference"
     assert "self-check off (the workers" in selfcheck.summary_text(gen)
 

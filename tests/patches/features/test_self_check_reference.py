@@ -120,6 +120,11 @@ def test_the_measure_is_the_definition_in_fp32_chunk_by_chunk(dtype):
     assert got["worst"] == pytest.approx(float(rel.max()), rel=1e-2 if dtype == "bfloat16" else 1e-5)
     nats = (torch.log_softmax(zc[17], -1) - torch.log_softmax(zr[17], -1)).abs().max()
     assert got["nats"] == pytest.approx(float(nats), rel=1e-5)
+    # a sample of positions: the same measure at those positions, named by the sequence's position
+    got_at = compare._differences(model, lambda x: x, cand, ref, chunk=5, at=[0, 17, 22])
+    assert got_at["position"] == 17 and got_at["worst"] == pytest.approx(got["worst"], rel=1e-5)
+    missed = compare._differences(model, lambda x: x, cand, ref, chunk=5, at=[0, 16, 22])
+    assert missed["position"] in (0, 16, 22) and missed["worst"] < got["worst"] / 5
     assert compare._differences(model, lambda x: x, ref, ref, chunk=5)["worst"] < 1e-5
     assert compare._differences(model, lambda x: x, ref[:0], ref[:0], chunk=5)["position"] is None
 

@@ -19,20 +19,28 @@ from . import reply, segments
 
 log = logging.getLogger("speculators_compat")
 
-__all__ = ["SELF_CHECK_ENV", "TOLERANCE_ENV", "DEFAULT_SEQUENCES", "DEFAULT_TOLERANCE", "FULL_CALLS",
-           "sequences_per_call", "tolerance", "sample", "summary", "summary_text"]
+__all__ = ["SELF_CHECK_ENV", "TOLERANCE_ENV", "POSITIONS_ENV", "DEFAULT_SEQUENCES", "DEFAULT_TOLERANCE",
+           "DEFAULT_POSITIONS", "FULL_CALLS", "sequences_per_call", "tolerance", "positions_per_sequence", "positions",
+           "sample", "summary", "summary_text"]
 
 SELF_CHECK = Option("SPECULATORS_COMPAT_SELF_CHECK",
                     "sequences per ``generate()`` call whose last-layer rows are checked against the model's own "
                     "log-probs (default 1; ``0``: off; ``all``)")
 TOLERANCE = Option("SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE", "the relative difference a checked position may have")
+POSITIONS = Option("SPECULATORS_COMPAT_SELF_CHECK_POSITIONS",
+                   "positions compared per checked sequence (default 128, spread over the sequence, the last one "
+                   "always; ``all``: every position)")
 SELF_CHECK_ENV = SELF_CHECK.name
 TOLERANCE_ENV = TOLERANCE.name
+POSITIONS_ENV = POSITIONS.name
 #: sequences checked per call by default
 DEFAULT_SEQUENCES = 1
 #: a checked position fails above this relative difference of its log-probs; measured on the
 #: CPU (docs/verification.md): correct rows <= 0.0064 (bf16; < 2.5e-7 in fp32), faulty rows >= 0.22
 DEFAULT_TOLERANCE = 0.03
+#: positions compared per checked sequence by default: the comparison's cost (the vocabulary-sized
+#: logits of each compared row) stays that of 128 rows however long the sequences are
+DEFAULT_POSITIONS = 128
 #: with ``SPECULATORS_COMPAT_UNVALIDATED=self-check``: the first calls check every sequence
 FULL_CALLS = 8
 
@@ -74,6 +82,35 @@ def tolerance() -> float:
     return value
 
 
+def positions_per_sequence() -> int:
+    """``SPECULATORS_COMPAT_SELF_CHECK_POSITIONS``: positions compared per checked sequence (``0``: every one)."""
+    raw = POSITIONS.raw().lower()
+    if not raw:
+        return DEFAULT_POSITIONS
+    if raw == "all":
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise InvalidInputError(f"{POSITIONS_ENV}={raw!r}: expected a number of positions per sequence (2 or more) "
+                                "or 'all'")
+    return value
+
+
+def positions(n: int, most: int, call: int) -> list[int] | None:
+    """The positions of a sequence of ``n`` rows that call number ``call`` compares (``None``: every
+    one): at most ``most``, evenly spread, the last position always (a truncated or dropped tail),
+    the others starting at an offset that moves with the call number, so that consecutive calls
+    cover every position. A row of another sequence or position, or a shift, changes every
+    position after it: any spread sample sees it."""
+    if most <= 0 or n <= most:
+        return None
+    stride = -(-(n - 1) // (most - 1))  # at least one position before the last (a shift keeps the last row)
+    return [*range(call % stride, n - 1, stride), n - 1]
+
+
 def full_calls() -> int:
     """How many first calls check every sequence (``SPECULATORS_COMPAT_UNVALIDATED=self-check``)."""
     return FULL_CALLS if unvalidated_self_check() else 0
@@ -97,11 +134,13 @@ _plan_ids = itertools.count(1)
 
 class Plan:
     """What the workers record for one call: ``requests`` maps the stock request id of each
-    checked sequence to ``(index, rows, its first row in the call's stock layout)``."""
+    checked sequence to ``(index, rows, its first row in the call's stock layout)``; ``most`` and
+    ``call``: the positions compared (see :func:`positions`; ``most`` 0: every position)."""
 
-    def __init__(self, requests: dict) -> None:
+    def __init__(self, requests: dict, most: int = 0, call: int = 0) -> None:
         self.id = next(_plan_ids)
         self.requests = requests
+        self.most, self.call = most, call
 
 
 class Totals:
@@ -112,6 +151,7 @@ class Totals:
         self.calls = 0  # calls checked
         self.sequences = 0
         self.rows = 0
+        self.positions = 0  # rows compared (all of a sequence's, or the sample of SELF_CHECK_POSITIONS)
         self.worst = 0.0  # relative
         self.worst_nats = 0.0
         self.where = ""
@@ -126,12 +166,13 @@ class Totals:
         for r in results:
             self.sequences += 1
             self.rows += r["rows"]
+            self.positions += r.get("compared", r["rows"])
             self.worst_nats = max(self.worst_nats, r["nats"])
             if r["worst"] >= self.worst:
                 self.worst, self.where = r["worst"], f"call {call}, sequence {r['sequence']}, position {r['position']}"
 
     def as_dict(self) -> dict:
-        return {"calls": self.calls, "sequences": self.sequences, "rows": self.rows,
+        return {"calls": self.calls, "sequences": self.sequences, "rows": self.rows, "positions": self.positions,
                 "worst_relative": float(f"{self.worst:.3g}"), "worst_nats": float(f"{self.worst_nats:.3g}"),
                 "worst_at": self.where or None, "tolerance": tolerance(), "seconds": round(self.seconds, 3),
                 "failed": self.failed, "off": self.off}
@@ -157,7 +198,8 @@ def summary_text(generator) -> str | None:
         return None
     if totals.off:
         return f"self-check off ({totals.off})"
-    text = (f"self-check: {totals.sequences} sequences, {totals.rows} rows in {totals.calls} calls, "
+    text = (f"self-check: {totals.sequences} sequences, {totals.rows} rows ({totals.positions} positions compared) "
+            f"in {totals.calls} calls, "
             f"worst {totals.worst:.2g} ({totals.worst_nats:.2g} nats) against {tolerance():.2g}, {totals.seconds:.1f} s")
     return text + (" -- FAILED" if totals.failed else "")
 

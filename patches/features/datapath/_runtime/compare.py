@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from .checking import Plan, SegmentRows, SharedRows
+from .checking import Plan, SegmentRows, SharedRows, positions
 
 #: attribute of the worker extension holding its :class:`WorkerCheck`
 WORKER_STATE = "_speculators_compat_self_check"
@@ -173,13 +173,16 @@ class WorkerCheck:
                 cand = given[k] if given is not None else self.own.get(seq)
                 missing = n if filled is None else int((~filled).sum())
                 result = {"sequence": seq, "tokens": n, "rows": 0 if cand is None else int(cand.shape[0]),
-                          "missing": missing, "first_missing": None, "worst": 0.0, "nats": 0.0, "position": None}
+                          "missing": missing, "first_missing": None, "worst": 0.0, "nats": 0.0, "position": None,
+                          "compared": 0}
                 if missing:
                     result["first_missing"] = 0 if filled is None else int((~filled).nonzero()[0])
                 if ref is not None and cand is not None:
                     # pinned where the rows lie in a results-in-place block: an asynchronous copy
                     cand = cand.to(device=ref.device, dtype=ref.dtype, non_blocking=True)
-                    got = _differences(self.model, self.norm, cand, ref, chunk)
+                    at = positions(min(int(cand.shape[0]), int(ref.shape[0])), plan.most, plan.call)
+                    result["compared"] = min(int(cand.shape[0]), int(ref.shape[0])) if at is None else len(at)
+                    got = _differences(self.model, self.norm, cand, ref, chunk, at)
                     if got is None:
                         gathered = False
                     else:
@@ -189,15 +192,23 @@ class WorkerCheck:
         return out if gathered else None
 
 
-def _differences(model, norm, cand, ref, chunk) -> dict | None:
+def _differences(model, norm, cand, ref, chunk, at: list[int] | None = None) -> dict | None:
     """The worst position of ``cand`` (rows before the final norm) against ``ref`` (vLLM's final
     hidden states): both through the model's own ``compute_logits``, in one call per chunk; the
     relative difference of the centred logits (= of the centred log-probs), and the log-probs'
     largest difference at that position. Two reading passes over a chunk's logits, in their own
     dtype (the reductions accumulate in fp32); the worst row of each chunk in fp32. One
-    synchronisation at the end; ``None`` on a rank the logits are not gathered to."""
+    synchronisation at the end; ``None`` on a rank the logits are not gathered to. ``at``: the
+    positions compared (``None``: every one; the reported position is the sequence's)."""
     import torch
 
+    if at is not None:
+        index = torch.tensor(at, dtype=torch.long, device=ref.device)
+        cand, ref = cand.index_select(0, index), ref.index_select(0, index)
+        got = _differences(model, norm, cand, ref, chunk)
+        if got is not None and got["position"] is not None:
+            got["position"] = at[got["position"]]
+        return got
     n = min(int(cand.shape[0]), int(ref.shape[0]))
     rel_max, rel_arg, nats = [], [], []
     for a in range(0, n, chunk):
