@@ -180,8 +180,9 @@ class WorkerCheck:
                 if ref is not None and cand is not None:
                     # pinned where the rows lie in a results-in-place block: an asynchronous copy
                     cand = cand.to(device=ref.device, dtype=ref.dtype, non_blocking=True)
-                    at = positions(min(int(cand.shape[0]), int(ref.shape[0])), plan.most, plan.call)
-                    result["compared"] = min(int(cand.shape[0]), int(ref.shape[0])) if at is None else len(at)
+                    both = min(int(cand.shape[0]), int(ref.shape[0]))
+                    at = positions(both, plan.most, plan.call)
+                    result["compared"] = both if at is None else len(at)
                     got = _differences(self.model, self.norm, cand, ref, chunk, at)
                     if got is None:
                         gathered = False
