@@ -15,6 +15,9 @@ from common import FEATURES, MODELS, TARGETS, _sched, _sync, _runner_v2, prompts
 
 # -- run in the workers through collective_rpc ----------------------------------------------
 
+#: attribute of the worker holding the cProfile of :func:`w_cprofile`
+PROFILE_ATTR = "_bench_cprofile"
+
 
 def w_stats(worker):
     """The capturing worker's peak device memory (then reset) and its copy waits."""
@@ -33,6 +36,25 @@ def w_stats(worker):
         state.wait_s = 0.0
     out["peak_rss_gib"] = round(_proc_status_gib("VmHWM:"), 2)
     return out
+
+
+def w_cprofile(worker, start: bool, top: int = 25):
+    """The worker's own thread under cProfile from one call of this (``start``) to the next
+    (``start`` False: its functions, as :func:`_top` lists them): where a worker's time goes in a
+    call -- the capture's hooks and copies, the self-check's reference and comparison, vLLM's own
+    step -- with the waits for the device inside the function that waited."""
+    import cProfile
+
+    ext = getattr(worker, "worker", None) or worker
+    if start:
+        prof = ext.__dict__[PROFILE_ATTR] = cProfile.Profile()
+        prof.enable()
+        return None
+    prof = ext.__dict__.pop(PROFILE_ATTR, None)
+    if prof is None:
+        return None
+    prof.disable()
+    return _top(prof, top)
 
 
 def w_applied(worker):
@@ -349,7 +371,20 @@ class _Bench:
             self.save()
         report["driver_profile"] = _profile(lambda: self.extract_checked())  # where the driver's own time goes
         report["driver_profile_before_steps"] = self.profile_before_steps()
+        report["worker_profile"] = {mode: self.profile_worker(fn) for mode, fn in
+                                    (("extract", self.extract_checked), ("extract_nocheck", self.extract_nocheck))}
         report["nohooks_error"] = self.sent.get("nohooks_error")
+
+    def profile_worker(self, fn, calls: int = 3) -> dict:
+        """``calls`` more calls of ``fn`` with the capturing worker's thread under cProfile (rank 0)."""
+        self.gen.executor.collective_rpc(w_cprofile, args=(True,))
+        t0 = time.perf_counter()
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            got = self.gen.executor.collective_rpc(w_cprofile, args=(False,))
+        return {"calls": calls, "driver_s": round(time.perf_counter() - t0, 3), "worker": got[0]}
 
     def profile_before_steps(self, top: int = 30) -> dict:
         """One more extraction call, its driver's thread under cProfile from the call to its first

@@ -26,7 +26,9 @@ mode's first full-size call kept in ``first_call``) the modes alternate in a rot
 medians, spread, ratios to the prefill and the model's bar (``TARGETS``), where a call's time went
 (before the first step, the steps with the copies, after the reply), the worker's peak device
 memory, the driver's resident memory, which performance patches applied (``missing_features``: then
-the figures are not the library's), and the driver's own time under cProfile for one more call.
+the figures are not the library's), the driver's own time under cProfile for one more call, and the
+capturing worker's under cProfile for three more calls with the self-check and three without
+(``worker_profile``).
 
 ``stock`` (``stock.py``): the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads,
 their futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches of
