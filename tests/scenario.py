@@ -28,8 +28,9 @@ Steps (each reported ok / failed with its error; later steps still run when poss
   selfcheck  (with the self-check applied) every sequence checked: correct rows pass, and each
            fault injected through the test-only switch (rows of two sequences swapped, shifted by
            one, the last row dropped, the last layer captured after the norm or without the
-           residual) raises SelfCheckError naming a faulted sequence; then again with the last
-           layer not among the captured ones (the workers capture it for the check)
+           residual) raises SelfCheckError naming a faulted sequence; again with 2 positions of
+           each sequence compared; then with the last layer not among the captured ones (the
+           workers capture it for the check)
 
 The generator is then deleted (its ``__del__`` shuts the executor down), or with
 ``--exit-shutdown`` left alive to the interpreter's exit, as a module-level generator is.
