@@ -54,18 +54,7 @@ ALL = -1
 
 def sequences_per_call() -> int:
     """``SPECULATORS_COMPAT_SELF_CHECK``: sequences checked per call (0: off; :data:`ALL`: every one)."""
-    raw = SELF_CHECK.raw().lower()
-    if not raw:
-        return DEFAULT_SEQUENCES
-    if raw == "all":
-        return ALL
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -2
-    if value < 0:
-        raise InvalidInputError(f"{SELF_CHECK_ENV}={raw!r}: expected a number of sequences per call (0 = off) or 'all'")
-    return value
+    return _count(SELF_CHECK, DEFAULT_SEQUENCES, ALL, 0, "a number of sequences per call (0 = off)")
 
 
 def tolerance() -> float:
@@ -84,18 +73,22 @@ def tolerance() -> float:
 
 def positions_per_sequence() -> int:
     """``SPECULATORS_COMPAT_SELF_CHECK_POSITIONS``: positions compared per checked sequence (``0``: every one)."""
-    raw = POSITIONS.raw().lower()
+    return _count(POSITIONS, DEFAULT_POSITIONS, 0, 2, "a number of positions per sequence (2 or more)")
+
+
+def _count(option: Option, default: int, every: int, least: int, expected: str) -> int:
+    """A count option: unset -> ``default``, ``all`` -> ``every``, else an integer of at least ``least``."""
+    raw = option.raw().lower()
     if not raw:
-        return DEFAULT_POSITIONS
+        return default
     if raw == "all":
-        return 0
+        return every
     try:
         value = int(raw)
     except ValueError:
-        value = 0
-    if value < 2:
-        raise InvalidInputError(f"{POSITIONS_ENV}={raw!r}: expected a number of positions per sequence (2 or more) "
-                                "or 'all'")
+        value = least - 1
+    if value < least:
+        raise InvalidInputError(f"{option.name}={raw!r}: expected {expected} or 'all'")
     return value
 
 
