@@ -209,6 +209,16 @@ def self_check_expected() -> bool:
     return "self-check" in (PROBED_NEW if want is None else want)
 
 
+def in_order_replies() -> bool:
+    """vLLM takes the replies of messages sent without waiting in the order they were sent (its
+    ``FutureWrapper`` queue): under the runner the self-check's verdicts then come after their calls."""
+    import inspect
+
+    from vllm.v1.executor import multiproc_executor
+
+    return "futures_queue" in inspect.getsource(multiproc_executor.MultiprocExecutor)
+
+
 def assert_self_check(report, tolerance=None):
     """The scenario's selfcheck step: correct rows pass, every injected fault is caught (the step
     itself raises otherwise), and the separation holds with the default threshold's margin."""
@@ -796,6 +806,8 @@ def test_runner_stops_at_a_self_check_mismatch_and_resumes_there(model, tmp_path
     assert (gen["model"], gen["config_sha256"], gen["dtype"], gen["tensor_parallel_size"]) == (model, config, "float32", 1)
     assert gen["layer_ids"] == [2, 4, 5, 7]  # the stock default for 8 layers
     assert gen["self_check"]["failed"] is None and gen["self_check"]["sequences"] == 13
+    # every verdict taken after its call, the samples waiting for it (vLLM's replies taken in order)
+    assert gen["self_check"]["deferred"] == (4 if in_order_replies() else 0)
     assert gen["self_check"]["worst_relative"] <= 0.01
     assert {"self-check", "report"} <= set(runs[1]["patches"]["driver"])
     assert {"v3", "self-check-reference"} <= set(runs[1]["patches"]["workers"])

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 
-from speculators_compat.patching import Kind, declare, lifecycle, manifest
+from speculators_compat.patching import Kind, atomic, declare, lifecycle, manifest
 
 from .._probes import generator_patch
 from .datapath._runtime import checking
@@ -95,9 +95,11 @@ def run_summary(generator) -> str | None:
 
 
 def shutdown(generator) -> None:
-    executor = generator.__dict__.pop("executor", None)
+    executor = generator.__dict__.get("executor")
     if executor is None:
         return
+    atomic.settle()  # a verdict its last samples wait for is taken while the workers are there
+    generator.__dict__.pop("executor", None)
     summary = run_summary(generator)
     if summary:
         log.info("run: %s", summary)

@@ -17,7 +17,9 @@ it, and renamed over the final name (:func:`speculators_compat.services.atomic.a
 its write-back started, and one committer thread makes the files durable and renames them in
 batches (the saving threads do not wait for the disk one file at a time;
 ``SPECULATORS_COMPAT_SAVE_SYNC=file`` turns this off); ``Path.write_text`` (``data_config.json``)
-waits for them first, and the runner waits for the last at the end of the run. Any other
+waits for them first, and the runner waits for the last at the end of the run. A sample holding
+a tensor under a :func:`~speculators_compat.services.atomic.hold` (``self-check``: a call whose
+verdict is still to come) is renamed once it is released, and removed if it is refused. Any other
 destination (a file object, another folder, every write when nothing is registered) goes through
 unchanged. A kill leaves at most a temporary file, which the next run's resume sets aside.
 
@@ -298,12 +300,14 @@ def _torch_save(wrapped, instance, args, kwargs):
     final = atomic.protected(target)
     if final is None:
         return wrapped(*args, **kwargs)
+    obj = args[0] if args else kwargs.get("obj")
+    held = atomic.hold_of(obj)  # e.g. a call's rows whose self-check verdict is still to come
     try:
         try:
             if _use_direct(args, kwargs):
-                with atomic.atomic_file(final, defer=True) as fd:
-                    return _direct_save(args[0] if args else kwargs["obj"], fd, final)
-            with atomic.atomic_path(final, defer=True) as tmp:
+                with atomic.atomic_file(final, defer=True, held=held) as fd:
+                    return _direct_save(obj, fd, final)
+            with atomic.atomic_path(final, defer=True, held=held) as tmp:
                 if in_kwargs:
                     return wrapped(*args, **{**kwargs, "f": tmp})
                 return wrapped(args[0], tmp, *args[2:], **kwargs)
@@ -328,6 +332,8 @@ def _path_write(wrapped, instance, args, kwargs):
     final = atomic.protected(instance)
     if final is None:
         return wrapped(*args, **kwargs)
+    atomic.settle()  # e.g. data_config.json: not after samples whose rows were refused
+    atomic.raise_refused()
     try:
         with atomic.atomic_path(final) as tmp:
             # the temporary name is never protected: this call goes straight to pathlib

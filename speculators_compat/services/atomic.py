@@ -17,11 +17,19 @@ the temporary file is written and its write-back started: one committer thread m
 handed to it durable a batch at a time
 (on Linux 5.8 and later one ``syncfs`` of their local filesystem a batch, elsewhere an fsync a file) and
 renames each over its final name only then (then fsyncs the folder), so a file is still never seen
-under its final name incomplete. At most :data:`MAX_PENDING` files wait in its queue: a writer
+under its final name incomplete. At most :data:`MAX_PENDING` files wait in its queue (with
+those waiting for a :class:`Hold`, see below): a writer
 handing over one more waits, so the temporary files hold at most that many files of the disk, plus
 the batch being committed and one a writer.
 :func:`flush` waits until every such file is renamed (a plain :func:`atomic_path`, the runner at the
 end of a run and an ``atexit`` handler call it); a failed fsync or rename is recorded as below.
+
+:func:`hold` makes a :class:`Hold`: the deferred files saved from the objects it names (found by
+:func:`hold_of`) are renamed only once it is released, and removed if it is refused. The thread
+that made it decides it (the ``self-check`` patch: its verdict on a call's rows, taken at the
+next ``generate()``), at the latest when that thread next waits for the committer
+(:func:`flush`, a full queue); an error it refused with that no caller was given is raised by
+:func:`flush` and :func:`raise_refused` (the ``atomic-save`` patch: before ``data_config.json``).
 
 A write into a protected folder that fails (a full disk, a permission) is remembered
 (:func:`record_failure`): the stock script awaits its save futures only after its last batch, so the
@@ -41,9 +49,12 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import holds
+from .holds import Hold, hold_of
+
 __all__ = ["atomic_path", "atomic_file", "flush", "SYNC_ENV", "deferred_sync", "write_text", "is_temporary", "protect",
            "unprotect", "protected", "TEMP_RE", "SaveFailedError", "record_failure", "raise_if_failed", "clear_failures",
-           "MAX_PENDING", "SYNCFS_FILESYSTEMS", "filesystem_type"]
+           "MAX_PENDING", "SYNCFS_FILESYSTEMS", "filesystem_type", "Hold", "hold", "hold_of", "settle", "raise_refused"]
 
 #: the temporary files of :func:`atomic_path`: ``.<final name>.<random>.tmp``
 TEMP_PREFIX = "."
@@ -60,10 +71,14 @@ _failed: list[tuple[Path, OSError]] = []
 
 #: ``SPECULATORS_COMPAT_SAVE_SYNC=file``: every deferred write fsynced and renamed by its own writer
 SYNC_ENV = "SPECULATORS_COMPAT_SAVE_SYNC"
-#: the committer's queue: (temporary path, final path), and whether a batch is being committed
+#: errors of holds refused where no caller was given them (raised by :func:`flush`)
+_refused: list[BaseException] = []
+#: the committer's queue: (temporary path, final path, hold or None), and whether a batch is being committed
 _pending: list[tuple[str, Path]] = []
 _commit = threading.Condition(threading.Lock())
 _committing: list[bool] = [False]
+#: handed over, their hold not decided yet: committed in a later batch, once it is
+_waiting: list[tuple[str, Path, Hold]] = []
 _committer: list[threading.Thread] = []
 #: files handed over and not yet renamed, at most (a writer handing over one more waits)
 MAX_PENDING = 64
@@ -80,6 +95,26 @@ class SaveFailedError(OSError):
     """A write into the run's output folder failed (raised at the next ``generate()``). An
     ``OSError`` with the failed write's ``errno``, ``strerror`` and ``filename`` (its final name);
     the original error is its ``__cause__``."""
+
+
+def hold(objects, decide) -> Hold | None:
+    """A :class:`~speculators_compat.services.holds.Hold` over ``objects`` (e.g. a call's result
+    tensors): a deferred ``torch.save`` into a protected folder of an object holding one of them
+    (:func:`hold_of`) is renamed once the hold is released, removed if it is refused. ``None``
+    where no deferred write can wait for it (no protected folder,
+    ``SPECULATORS_COMPAT_SAVE_SYNC=file``): the caller decides at once."""
+    if not _protected or not deferred_sync():
+        return None
+    return holds.cover(objects, Hold(decide))
+
+
+def settle() -> None:
+    """Decide the holds this thread made (before it waits for the committer, which may wait for
+    them; before a generator's executor stops): the errors of those refused are raised by :func:`flush`."""
+    errors = holds.settle_own()
+    if errors:
+        with _guard:
+            _refused.extend(errors)
 
 
 def is_temporary(name: str) -> bool:
@@ -200,13 +235,13 @@ def _unlink(tmp: str) -> None:
 
 
 @contextmanager
-def _temporary(final: str | os.PathLike, defer: bool):
+def _temporary(final: str | os.PathLike, defer: bool, held: Hold | None = None):
     """What :func:`atomic_path` and :func:`atomic_file` share: yield ``(fd, tmp)``, a new
     temporary file next to ``final`` and a descriptor open on it for writing, kept open across the
     body; once the body has written the file (through ``fd`` or through ``tmp``: the same file),
     it is fsynced through ``fd`` (``defer``: its write-back started, the committer does the rest),
     ``fd`` is closed, and the file is renamed over ``final``. On an error the temporary file is
-    removed and ``final`` is untouched."""
+    removed and ``final`` is untouched. ``held``: see :func:`hold`."""
     final = Path(final)
     defer = defer and deferred_sync()
     if not defer:
@@ -221,14 +256,14 @@ def _temporary(final: str | os.PathLike, defer: bool):
                 os.fsync(fd)
         finally:
             os.close(fd)
-        _finish(tmp, final, defer)
+        _finish(tmp, final, defer, held)
     except BaseException:
         _unlink(tmp)
         raise
 
 
 @contextmanager
-def atomic_path(final: str | os.PathLike, defer: bool = False):
+def atomic_path(final: str | os.PathLike, defer: bool = False, held: Hold | None = None):
     """Yield a temporary path next to ``final`` (a new empty file with the permissions a plain
     ``open()`` gives); once the body has written it, it is fsynced and renamed over ``final``. On
     an error the temporary file is removed and ``final`` is untouched. The body writes the file
@@ -236,36 +271,45 @@ def atomic_path(final: str | os.PathLike, defer: bool = False):
 
     ``defer``: (unless :func:`deferred_sync` says no) return once the file's write-back has
     started; the committer thread fsyncs and renames it (a failure is recorded with
-    :func:`record_failure`). A write without ``defer`` first waits for the files handed over."""
-    with _temporary(final, defer) as (_fd, tmp):
+    :func:`record_failure`). A write without ``defer`` first waits for the files handed over.
+    ``held``: the file is renamed once that :class:`Hold` is released (removed if refused)."""
+    with _temporary(final, defer, held) as (_fd, tmp):
         yield tmp
 
 
 @contextmanager
-def atomic_file(final: str | os.PathLike, defer: bool = False):
+def atomic_file(final: str | os.PathLike, defer: bool = False, held: Hold | None = None):
     """:func:`atomic_path` for a writer that takes a file descriptor: yield one open for writing
     (at offset 0) on a new temporary file next to ``final``; once the body has written it, it is
     fsynced (``defer``: its write-back started, the committer does the rest) and renamed over
     ``final``. The descriptor is closed here; on an error the temporary file is removed. Three
     system calls a file besides the body's (create, start the write-back, close), then the
-    committer's rename."""
-    with _temporary(final, defer) as (fd, _tmp):
+    committer's rename. ``held``: as for :func:`atomic_path`."""
+    with _temporary(final, defer, held) as (fd, _tmp):
         yield fd
 
 
-def _finish(tmp: str, final: Path, defer: bool) -> None:
-    """A written temporary file: to the committer (``defer``), or renamed over its final name."""
+def _finish(tmp: str, final: Path, defer: bool, held: Hold | None = None) -> None:
+    """A written temporary file: to the committer (``defer``), or renamed over its final name
+    (once ``held`` is released)."""
     if defer:
-        _hand_over(tmp, final)
-    else:
-        os.replace(tmp, final)
+        _hand_over(tmp, final, held)
+        return
+    error = held.wait() if held is not None else None
+    if error is not None:
+        raise error
+    os.replace(tmp, final)
 
 
-def _hand_over(tmp: str, final: Path) -> None:
+def _hand_over(tmp: str, final: Path, held: Hold | None = None) -> None:
     with _commit:
-        while len(_pending) >= MAX_PENDING and _committer and _committer[0].is_alive():
+        full = len(_pending) + len(_waiting) >= MAX_PENDING
+    if full:
+        settle()  # the room may be taken by files waiting for this thread's decision
+    with _commit:
+        while len(_pending) + len(_waiting) >= MAX_PENDING and _committer and _committer[0].is_alive():
             _commit.wait(1.0)  # the committer takes the whole queue at the start of each batch
-        _pending.append((tmp, final))
+        _pending.append((tmp, final, held))
         if not _committer or not _committer[0].is_alive():
             _committer[:] = [threading.Thread(target=_commit_loop, name="speculators-compat-commit", daemon=True)]
             _committer[0].start()
@@ -277,16 +321,19 @@ def _commit_loop() -> None:
     rename the ones on the disk, fsync their folders."""
     while True:
         with _commit:
-            while not _pending:
+            while not _pending and not any(held.decided for _, _, held in _waiting):
                 _commit.wait()
-            batch = list(_pending)
+            handed = [f for f in _waiting if f[2].decided] + _pending
+            _waiting[:] = [f for f in _waiting if not f[2].decided]
             _pending.clear()
+            batch = [f for f in handed if f[2] is None or f[2].decided]
+            _waiting.extend(f for f in handed if not (f[2] is None or f[2].decided))
             _committing[0] = True
             _commit.notify_all()  # writers waiting for room
         try:
             _commit_batch(batch)
         except Exception as error:  # a bug, not the disk: the batch's samples failed, the run stops
-            for _, final in batch:
+            for _, final, _ in batch:
                 record_failure(final, OSError(errno.EIO, f"the commit of the saved samples failed: {error!r}"))
         finally:
             with _commit:
@@ -294,10 +341,14 @@ def _commit_loop() -> None:
                 _commit.notify_all()
 
 
-def _commit_batch(batch: list[tuple[str, Path]]) -> None:
-    synced = {folder for folder in {final.parent for _, final in batch} if _sync_filesystem(folder)}
+def _commit_batch(batch: list[tuple[str, Path, Hold | None]]) -> None:
+    refused = [tmp for tmp, _, held in batch if held is not None and held.error is not None]
+    for tmp in refused:
+        _unlink(tmp)  # its error is the maker's to report
+    batch = [f for f in batch if f[0] not in refused]
+    synced = {folder for folder in {final.parent for _, final, _ in batch} if _sync_filesystem(folder)}
     folders = set()
-    for tmp, final in batch:
+    for tmp, final, _ in batch:
         try:
             if final.parent not in synced:
                 _fsync_path(tmp)
@@ -318,17 +369,34 @@ def _commit_batch(batch: list[tuple[str, Path]]) -> None:
 
 
 def flush(raise_failed: bool = True) -> None:
-    """Wait until every file handed to the committer is on the disk and renamed (or failed);
-    ``raise_failed``: then raise :class:`SaveFailedError` if a write into a protected folder failed."""
+    """Wait until every file handed to the committer is on the disk and renamed (or failed, or
+    refused: the holds this thread made are decided first); ``raise_failed``: then raise
+    :class:`SaveFailedError` if a write into a protected folder failed, or a hold's error."""
+    settle()
     with _commit:
-        while _pending or _committing[0]:
+        while _pending or _committing[0] or _waiting:
             if not _committer or not _committer[0].is_alive():
                 break  # no committer (a fork): nothing will move
             _commit.wait(1.0)
     if raise_failed:
         raise_if_failed()
+        raise_refused()
 
 
+def raise_refused() -> None:
+    """Raise the first error a hold was refused with where no caller was given it (see :func:`settle`)."""
+    with _guard:
+        error = _refused[0] if _refused else None
+    if error is not None:
+        raise error
+
+
+def _wake() -> None:
+    with _commit:
+        _commit.notify_all()
+
+
+holds.on_decided(_wake)  # a decided hold lets its waiting files be committed
 atexit.register(flush, False)
 
 
@@ -390,6 +458,7 @@ def raise_if_failed() -> None:
 
 
 def clear_failures() -> None:
-    """Forget recorded failures (a new run in the same process, tests)."""
+    """Forget recorded failures and refusals (a new run in the same process, tests)."""
     with _guard:
         _failed.clear()
+        _refused.clear()

@@ -107,7 +107,11 @@ def shutdown_all() -> list[str]:
     """Shut down the executor of every live generator; one description per executor.
 
     The executor is taken off the generator first, so its ``__del__`` (stock, or the
-    ``report`` patch's) has nothing left to do."""
+    ``report`` patch's) has nothing left to do. A decision the last samples wait for (the
+    self-check's verdict) is taken first, while the workers are there."""
+    from . import atomic
+
+    atomic.settle()
     done = []
     for generator in live():
         executor = generator.__dict__.pop("executor", None)

@@ -26,7 +26,13 @@ only, cut as the stock code cuts the call's rows; the results are unchanged. A
 position whose difference exceeds ``SPECULATORS_COMPAT_SELF_CHECK_TOLERANCE`` (default
 :data:`._runtime.checking.DEFAULT_TOLERANCE`) raises
 :class:`~speculators_compat.errors.SelfCheckError` naming the sequence, the position and the
-difference: the stock script saves nothing of that batch. The totals reach ``report``'s end line
+difference: the stock script saves nothing of that batch. Where the call's samples can wait
+for it -- under ``speculators-compat run``, whose output folder takes deferred saves, and where
+vLLM takes replies in the order they were sent -- the call does not wait for the verdict: its
+samples get their final names only once it is in (:func:`speculators_compat.services.atomic.hold`),
+it is taken at the start of the next call (or when the run waits for its last samples), and a
+mismatch raises there, the samples of the failed call removed. From the second call on the
+workers are armed without waiting. The totals reach ``report``'s end line
 and the run manifest. With ``SPECULATORS_COMPAT_UNVALIDATED=self-check`` the first calls check
 every position of every sequence.
 
@@ -40,11 +46,13 @@ longer supported.
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import logging
 import time
 
-from speculators_compat.patching import Kind, Probe, SelfCheckError, declare, lifecycle
+from speculators_compat.patching import Kind, Probe, SelfCheckError, atomic, declare, lifecycle
 
 from ..._probes import wrapping
 from ._runtime import checking, compare, reply
@@ -74,15 +82,28 @@ class Comparison:
     """One call's comparison in the workers. Where the call's rows go through ``results-in-place``
     blocks it is sent, without waiting, as soon as the worker's rows are in them
     (:meth:`send`, run by :func:`._runtime.reply.when_written`): the workers compare while the driver hands
-    the results out, and :meth:`result` first proves that each checked sequence's tensor is the
-    block that was compared. Otherwise :meth:`result` sends the caller's own tensors after the call."""
+    the results out, and :meth:`confirm` proves that each checked sequence's tensor is the
+    block that was compared. Otherwise :meth:`confirm` sends the caller's own tensors after the call.
+    ``armed``: the workers' replies to :func:`._runtime.compare.arm`, or vLLM's future of them."""
 
-    def __init__(self, generator, executor, checked: list[int], internal: bool) -> None:
-        self.generator, self.executor, self.checked, self.internal = generator, executor, checked, internal
+    def __init__(self, generator, executor, checked: list[int], armed) -> None:
+        self.generator, self.executor, self.checked, self._armed = generator, executor, checked, armed
+        self._internal: bool | None = None
         self.future = None  # vLLM's future of the workers' comparison (None: not sent)
         self.rows = None  # what the workers were given (a shared-memory file is removed by close())
         self.compared: list[tuple] = []  # per checked sequence: (address, shape) of the tensor compared
         self.seconds = 0.0  # the driver's time in sending it early
+
+    @property
+    def internal(self) -> bool:
+        """The workers capture the last layer themselves (the caller's layers lack it)."""
+        if self._internal is None:
+            replies = self._armed.result() if hasattr(self._armed, "result") else self._armed
+            if not replies or any(r is None for r in replies):
+                raise SelfCheckError("self-check: a worker no longer runs self-check-reference (its state is gone); "
+                                     "the rows of this call cannot be checked")
+            self._internal = bool(replies[0]["internal"])
+        return self._internal
 
     def send(self, blocks: list[list]) -> None:
         """The rows are in place: ``blocks[layer][seq]``, the tensors the caller will hold."""
@@ -95,8 +116,8 @@ class Comparison:
         self.rows = None if self.internal else checking.rows_for_workers(self.generator, last)
         self.future = self.executor.collective_rpc(compare.check, args=(self.rows,), non_block=True)
 
-    def result(self, results: list):
-        """The workers' replies for the rows the caller holds in ``results``."""
+    def confirm(self, results: list) -> None:
+        """The comparison is of the rows the caller holds in ``results``: sent now if it was not."""
         if self.future is None:
             self._send([results[i]["hidden_states"][-1] for i in self.checked])
         elif not self.internal:  # the workers' own capture of the last layer needs no confirming
@@ -106,6 +127,10 @@ class Comparison:
                     raise SelfCheckError(f"self-check: sequence {i}: the caller's last-layer tensor is not the "
                                          "results-in-place block the workers compared (the stock generate() "
                                          "handed out other tensors); nothing of this call should be saved")
+        self.generator = None  # nothing more to send: a verdict left to come keeps no generator alive
+
+    def result(self):
+        """The workers' replies (awaited)."""
         return self.future.result()
 
     def close(self) -> None:
@@ -113,9 +138,56 @@ class Comparison:
         self.rows = None
 
 
+def _in_order(executor) -> bool:
+    """vLLM takes the replies of messages sent without waiting in the order they were sent (its
+    ``FutureWrapper`` queue), so one may stay outstanding while the next call runs."""
+    return isinstance(getattr(lifecycle.real_executor(executor), "futures_queue", None), collections.deque)
+
+
+def _judged(replies, totals, call: int) -> SelfCheckError | None:
+    found = next((r for r in replies if r is not None), None) if replies else None
+    if found is None:
+        return SelfCheckError("self-check: no worker returned the comparison")
+    totals.add(found, call)
+    failure = checking.verdict(found, checking.tolerance())
+    if failure:
+        totals.failed = f"call {call}: {failure}"
+        return SelfCheckError(f"{failure} (call {call} of this generator; nothing of this call is saved)")
+    return None
+
+
+def _verdict(comparison: Comparison, totals, call: int) -> SelfCheckError | None:
+    """A call's verdict taken after the call (the ``Hold`` its samples wait for)."""
+    real = lifecycle.real_executor(comparison.executor)
+    try:
+        if getattr(real, "is_failed", False) or getattr(real, "shutting_down", False):
+            return SelfCheckError(f"self-check: the comparison of call {call} never came back (vLLM's executor "
+                                  "stopped); nothing of that call is saved")
+        t0 = time.perf_counter()
+        replies = comparison.result()
+        totals.seconds += time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - unverified rows are not saved, whatever stopped the comparison
+        return SelfCheckError(f"self-check: the comparison of call {call} failed ({type(exc).__name__}: {exc}); "
+                              "nothing of that call is saved")
+    finally:
+        comparison.close()
+    totals.deferred += 1
+    return _judged(replies, totals, call)
+
+
+def _take_pending(totals) -> None:
+    """The previous call's verdict, where it was left to come: its failure stops this call."""
+    held, totals.pending = totals.pending, None
+    if held is not None and not held.decided:
+        error = held.settle()
+        if error is not None:
+            raise error
+
+
 def _generate(wrapped, instance, args, kwargs):
     token_ids = kwargs["token_ids"] if "token_ids" in kwargs else (args[0] if args else None)
     totals = checking.totals_of(instance)
+    _take_pending(totals)
     executor = getattr(instance, "executor", None)
     lengths = call_lengths(instance, token_ids)
     per_call = checking.sequences_per_call()
@@ -137,10 +209,12 @@ def _generate(wrapped, instance, args, kwargs):
     counter = instance._request_counter
     plan = checking.Plan({f"req_{counter}_{i}": (i, lengths[i], starts[i]) for i in checked},
                          0 if call < full else most, call)
+    in_order = _in_order(executor)
     t0 = time.perf_counter()
-    replies = executor.collective_rpc(compare.arm, args=(plan,))
+    # once the workers have answered, armed without waiting: the call's next message takes the reply
+    armed = executor.collective_rpc(compare.arm, args=(plan,), non_block=bool(totals.calls and in_order))
     totals.seconds += time.perf_counter() - t0
-    if not replies or any(r is None for r in replies):
+    if isinstance(armed, list) and (not armed or any(r is None for r in armed)):
         executor.collective_rpc(compare.arm, args=(None,))
         if full:
             from speculators_compat.patching import IncompatibleVllmError
@@ -151,14 +225,17 @@ def _generate(wrapped, instance, args, kwargs):
         totals.off = "the workers do not run self-check-reference"
         log.warning("self-check: off, %s", totals.off)
         return wrapped(*args, **kwargs)
-    internal = bool(replies[0]["internal"])
-    comparison = Comparison(instance, executor, checked, internal)
+    comparison = Comparison(instance, executor, checked, armed)
     reply.when_written(instance, comparison.send)
-    done = False
+    done, held = False, None
     try:
         results = wrapped(*args, **kwargs)
         t0 = time.perf_counter()
-        replies = comparison.result(results)
+        comparison.confirm(results)
+        if in_order and call >= full:  # the samples of this call wait for the verdict, the next call does not
+            held = atomic.hold([t for r in results for t in r["hidden_states"]],
+                               functools.partial(_verdict, comparison, totals, call))
+        replies = comparison.result() if held is None else None
         done = True
     finally:
         reply.take_written(instance)  # not run (the rows did not go through the segments): not for the next call
@@ -167,16 +244,15 @@ def _generate(wrapped, instance, args, kwargs):
                 executor.collective_rpc(compare.arm, args=(None,))  # is what the caller must see
             except Exception as exc:
                 log.debug("self-check: could not disarm the workers: %s: %s", type(exc).__name__, exc)
-        comparison.close()
+        if held is None:
+            comparison.close()
     totals.seconds += time.perf_counter() - t0 + comparison.seconds
-    found = next((r for r in replies if r is not None), None)
-    if found is None:
-        raise SelfCheckError("self-check: no worker returned the comparison")
-    totals.add(found, call)
-    failure = checking.verdict(found, checking.tolerance())
-    if failure:
-        totals.failed = f"call {call}: {failure}"
-        raise SelfCheckError(f"{failure} (call {call} of this generator; nothing of this call should be saved)")
+    if held is not None:
+        totals.pending = held
+        return results
+    error = _judged(replies, totals, call)
+    if error is not None:
+        raise error
     return results
 
 

@@ -120,6 +120,9 @@ def test_totals_and_the_end_line(monkeypatch):
     assert s["worst_relative"] == 0.004 and s["worst_at"] == "call 2, sequence 5, position 6"
     assert s["worst_nats"] == 0.02 and s["failed"] is None
     assert selfcheck.summary_text(gen) == "self-check: 3 sequences, 317 rows (145 positions compared) in 2 calls, worst 0.004 (0.02 nats) against 0.03, 0.0 s"
+    totals.deferred = 2
+    assert selfcheck.summary_text(gen).endswith(", 0.0 s, 2 verdicts taken after their call")
+    assert s["deferred"] == 0 and selfcheck.summary(gen)["deferred"] == 2
     totals.off = "the workers do not run self-check-reference"
     assert "self-check off (the workers" in selfcheck.summary_text(gen)
 
@@ -220,7 +223,11 @@ def test_the_comparison_is_sent_when_the_rows_are_in_place_and_confirmed_to_be_t
             self.sent.append((method, args, non_block))
             return Future()
 
-    early = self_check.Comparison(generator, Executor(), [0, 2], internal=False)
+    class Armed:  # vLLM's future of the workers' replies to arm (sent without waiting)
+        def result(self):
+            return [{"internal": False, "last": 1}]
+
+    early = self_check.Comparison(generator, Executor(), [0, 2], Armed())
     reply.when_written(generator, early.send)
     transfer = reply.Transfer(plan, *pool.tensors(seg, plan), reply.take_written(generator))
     assert reply.take_written(generator) == []  # registered for one call
@@ -233,14 +240,17 @@ def test_the_comparison_is_sent_when_the_rows_are_in_place_and_confirmed_to_be_t
     assert [ref[1] for ref in rows.refs] == [plan.offsets[1][0], plan.offsets[1][2]]
     starts = [0, 3, 9]
     results = [{"hidden_states": [layer[a:a + n].clone() for layer in layers]} for a, n in zip(starts, lengths)]
-    assert early.result(results) == ["compared"]  # the stock slicing hands out the very blocks
+    early.confirm(results)  # the stock slicing hands out the very blocks
+    assert early.result() == ["compared"]
     results[2]["hidden_states"][-1] = results[2]["hidden_states"][-1].clone()
     with pytest.raises(SelfCheckError, match="sequence 2: the caller's last-layer tensor is not"):
-        early.result(results)
+        early.confirm(results)
     early.close()
     # not sent early (the rows did not go through the blocks): the caller's own tensors, after the call
-    after = self_check.Comparison(generator, Executor(), [2], internal=False)
-    assert after.future is None and after.result(results) == ["compared"]
+    after = self_check.Comparison(generator, Executor(), [2], [{"internal": False, "last": 1}])
+    assert after.future is None
+    after.confirm(results)
+    assert after.result() == ["compared"]
     ((method, (rows,), non_block),) = Executor.sent[1:]
     assert method is compare.check and isinstance(rows, selfcheck.SharedRows)  # not a block: a shared file
     after.close()
@@ -259,3 +269,56 @@ def test_a_calls_lengths_are_the_stock_cut_of_each_sequence():
     assert call_lengths(gen, torch.zeros(3, 8, dtype=torch.long)) == [5, 5, 5]
     for other in (None, [], [[1], []], torch.zeros(3, 0), torch.zeros(3), [5]):
         assert call_lengths(gen, other) is None
+
+
+def test_a_verdict_taken_after_the_call(tmp_path, monkeypatch):
+    """Under the runner a call's verdict is taken after it (``_verdict``, the hold its samples wait
+    for): the workers' replies are judged and counted; a failure is the hold's error and the next
+    call's (``_take_pending`` raises it once); an executor that stopped refuses without asking it."""
+    from speculators_compat.patches.features.datapath import self_check
+    from speculators_compat.services import atomic
+
+    class Future:
+        def __init__(self, replies):
+            self.replies = replies
+
+        def result(self):
+            return self.replies
+
+    def comparison(replies, **executor_state):
+        c = self_check.Comparison(None, types.SimpleNamespace(**executor_state), [0], [{"internal": True}])
+        c.future, closed = Future(replies), []
+        c.close = lambda: closed.append(True)
+        return c, closed
+
+    good = {"sequence": 0, "tokens": 5, "rows": 5, "missing": 0, "first_missing": None, "worst": 0.001,
+            "nats": 0.01, "position": 3, "compared": 5}
+    totals = selfcheck.Totals()
+    c, closed = comparison([None, [good]])  # a list of sequences from the rank that gathers the logits
+    assert self_check._verdict(c, totals, 0) is None and closed == [True]
+    assert (totals.calls, totals.deferred, totals.sequences) == (1, 1, 1)
+    c, _ = comparison([[dict(good, worst=0.5)]])
+    error = self_check._verdict(c, totals, 1)
+    assert isinstance(error, SelfCheckError) and "call 1" in str(error) and totals.failed.startswith("call 1")
+    c, closed = comparison([[good]], is_failed=True)
+    error = self_check._verdict(c, totals, 2)
+    assert "never came back" in str(error) and closed == [True] and totals.calls == 2  # not counted
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.delenv(atomic.SYNC_ENV, raising=False)
+    atomic.protect(out)
+    try:
+        later = selfcheck.Totals()
+        later.pending = atomic.hold([], lambda: SelfCheckError("call 4: sequence 0, position 2"))
+        with pytest.raises(SelfCheckError, match="call 4"):
+            self_check._take_pending(later)
+        assert later.pending is None
+        self_check._take_pending(later)  # raised once: the next call goes on
+        decided = atomic.hold([], lambda: SelfCheckError("call 5"))
+        decided.settle()
+        later.pending = decided
+        self_check._take_pending(later)  # decided (and reported) elsewhere: not raised again
+    finally:
+        atomic.unprotect()
+        atomic.clear_failures()

@@ -540,3 +540,111 @@ def test_a_committer_that_fails_unexpectedly_fails_its_batch_and_commits_the_nex
     finally:
         atomic.unprotect()
         atomic.clear_failures()
+
+
+class _Rows:
+    """A stand-in for a call's result tensor (the holds cover objects by identity, weakly)."""
+
+
+def _save_in_thread(atomic_save, obj, path):
+    """One save as the stock script's pool makes it: on a thread of its own (which never decides holds)."""
+    import threading
+
+    def plain_save(o, f, *a, **k):
+        with open(f, "wb") as fh:
+            fh.write(b"x" * 10)
+
+    t = threading.Thread(target=atomic_save._torch_save, args=(plain_save, None, (obj, path), {"pickle_protocol": 2}))
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_held_samples_get_their_names_once_released_and_are_removed_if_refused(tmp_path, monkeypatch):
+    """A sample holding an object under a hold waits, as a temporary file, for the hold: renamed
+    once it is released, removed if it is refused. The maker's thread decides it when it next waits
+    for the committer; an error no caller was given (decided by ``flush``) is raised by ``flush`` and
+    stops the stock script's ``Path.write_text`` into the folder (not the runner's own writes); one
+    the maker reported itself is not raised again."""
+    import time
+
+    from speculators_compat.patches.guards import atomic_save
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.delenv(atomic.SYNC_ENV, raising=False)
+    a, b, other = _Rows(), _Rows(), _Rows()
+    assert atomic.hold([a], lambda: None) is None  # no protected folder: nothing can wait for it
+    atomic.clear_failures()
+    atomic.protect(out)
+    decided = []
+    try:
+        released = atomic.hold([a], lambda: decided.append("a"))
+        _save_in_thread(atomic_save, {"hidden_states": [a], "input_ids": other}, out / "data_0.pt")
+        _save_in_thread(atomic_save, {"hidden_states": [other]}, out / "data_1.pt")  # not covered
+        deadline = time.monotonic() + 10
+        while not (out / "data_1.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        names = sorted(p.name for p in out.iterdir())
+        assert "data_1.pt" in names and "data_0.pt" not in names and decided == []  # data_0 waits
+        assert atomic.hold_of({"x": [a]}) is released and atomic.hold_of([other]) is None
+        atomic.flush()  # this thread made the hold: decided here, released
+        assert decided == ["a"] and sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt"]
+
+        refused = atomic.hold([b], lambda: RuntimeError("call 1: rows wrong"))
+        _save_in_thread(atomic_save, {"hidden_states": [b]}, out / "data_2.pt")
+        assert isinstance(refused.settle(), RuntimeError)  # the maker reports it (generate() raises it)
+        atomic.flush()  # not raised again here
+        assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt"]  # data_2 removed
+
+        last = atomic.hold([b], lambda: RuntimeError("call 2: rows wrong"))
+        _save_in_thread(atomic_save, {"hidden_states": [b]}, out / "data_3.pt")
+        config = out / "data_config.json"
+        with pytest.raises(RuntimeError, match="call 2: rows wrong"):  # the stock script's config: not after it
+            atomic_save._path_write(Path.write_text.__get__(config), config, ("{}",), {})
+        with pytest.raises(RuntimeError, match="call 2"):
+            atomic.flush()
+        assert last.decided and sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt"]
+        atomic.write_text(out / "manifest.json", "{}")  # the runner's own writes go on
+        assert (out / "manifest.json").exists()
+        monkeypatch.setenv(atomic.SYNC_ENV, "file")
+        assert atomic.hold([b], lambda: None) is None  # every save renamed by its writer: nothing waits
+    finally:
+        atomic.unprotect()
+        atomic.clear_failures()
+
+
+def test_a_thread_whose_own_saves_fill_the_queue_decides_its_holds_instead_of_waiting(tmp_path, monkeypatch):
+    """The thread that made a hold and saves itself (no pool) never waits on a committer that waits
+    for that thread's decision: with the queue full it decides its holds first."""
+    import threading
+
+    from speculators_compat.patches.guards import atomic_save
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.delenv(atomic.SYNC_ENV, raising=False)
+    monkeypatch.setattr(atomic, "MAX_PENDING", 1)
+    atomic.clear_failures()
+    atomic.protect(out)
+
+    def plain_save(o, f, *a, **k):
+        with open(f, "wb") as fh:
+            fh.write(b"x")
+
+    def run():
+        rows = [_Rows() for _ in range(4)]
+        for i, r in enumerate(rows):
+            atomic.hold([r], lambda: None)
+            atomic_save._torch_save(plain_save, None, ({"hidden_states": [r]}, out / f"data_{i}.pt"), {})
+        atomic.flush()
+
+    try:
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "the saving thread waits for a committer that waits for it"
+        assert sorted(p.name for p in out.iterdir()) == [f"data_{i}.pt" for i in range(4)]
+    finally:
+        atomic.unprotect()
+        atomic.clear_failures()

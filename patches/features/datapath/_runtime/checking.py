@@ -152,6 +152,8 @@ class Totals:
         self.failed: str | None = None
         self.off: str | None = None  # why the check cannot run here
         self.last: list[dict] = []  # the last checked call's per-sequence results
+        self.pending = None  # the Hold of a call whose verdict is still to be taken (see self-check)
+        self.deferred = 0  # calls whose verdict was taken after the call returned (their samples waited)
 
     def add(self, results: list[dict], call: int) -> None:
         self.calls += 1
@@ -168,7 +170,7 @@ class Totals:
         return {"calls": self.calls, "sequences": self.sequences, "rows": self.rows, "positions": self.positions,
                 "worst_relative": float(f"{self.worst:.3g}"), "worst_nats": float(f"{self.worst_nats:.3g}"),
                 "worst_at": self.where or None, "tolerance": tolerance(), "seconds": round(self.seconds, 3),
-                "failed": self.failed, "off": self.off}
+                "deferred": self.deferred, "failed": self.failed, "off": self.off}
 
 
 def totals_of(generator) -> Totals:
@@ -194,6 +196,8 @@ def summary_text(generator) -> str | None:
     text = (f"self-check: {totals.sequences} sequences, {totals.rows} rows ({totals.positions} positions compared) "
             f"in {totals.calls} calls, "
             f"worst {totals.worst:.2g} ({totals.worst_nats:.2g} nats) against {tolerance():.2g}, {totals.seconds:.1f} s")
+    if totals.deferred:
+        text += f", {totals.deferred} verdicts taken after their call"
     return text + (" -- FAILED" if totals.failed else "")
 
 

@@ -24,9 +24,12 @@ Worker side (``self-check-reference``): the hooks recording vLLM's own rows, and
 
 from __future__ import annotations
 
+import logging
 import math
 
 from .checking import Plan, SegmentRows, SharedRows, positions
+
+log = logging.getLogger("speculators_compat")
 
 #: attribute of the worker extension holding its :class:`WorkerCheck`
 WORKER_STATE = "_speculators_compat_self_check"
@@ -83,6 +86,17 @@ class WorkerCheck:
             return self.base.norm(rows)
         finally:
             self.norming = False
+
+    def warm_up(self) -> None:
+        """One comparison of two rows of zeros, so that the first call's does not load its kernels."""
+        import torch
+
+        weight = getattr(self.base.norm, "weight", None)
+        if weight is None:
+            return
+        rows = torch.zeros((2, weight.shape[-1]), dtype=weight.dtype, device=weight.device)
+        with torch.inference_mode():
+            _differences(self.model, self.norm, rows, self.norm(rows), 2, [0, 1])
 
     def arm(self, plan: Plan | None) -> None:
         self.plan, self.refs, self.filled, self.own, self.cursor = plan, {}, {}, {}, 0
@@ -285,4 +299,8 @@ def install_worker(extension, base, step_rows=None) -> str | None:
     state.handles.append(norm.register_forward_hook(state.on_output))
     state.handles.append(base.layers[last].register_forward_hook(state.on_last_layer, prepend=True))
     extension.__dict__[WORKER_STATE] = state
+    try:
+        state.warm_up()
+    except Exception as exc:  # noqa: BLE001 - the first call's comparison then loads them itself
+        log.debug("self-check: no warm-up of the comparison: %s: %s", type(exc).__name__, exc)
     return None
