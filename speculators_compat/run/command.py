@@ -439,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         status = f"failed: {type(exc).__name__}: {exc}"[:2000]
         try:
+            _commit_saves(raise_failed=False)  # the samples it counts are renamed first, not after it
             last = diskfull.diagnose(exc, *(_output or [None, False]))
         except OSError:  # the diagnosis must never mask the run's own error
             last = None
