@@ -28,7 +28,7 @@ medians, spread, ratios to the prefill and the model's bar (``TARGETS``), where 
 memory, the driver's resident memory, which performance patches applied (``missing_features``: then
 the figures are not the library's), the driver's own time under cProfile for one more call, and the
 capturing worker's under cProfile for three more calls with the self-check and three without
-(``worker_profile``).
+(``worker_profile``), and both under cProfile in the generator's first call (``first_call_profile``).
 
 ``stock`` (``stock.py``): the stock data script's loop (``tests/stock_datagen.py``: 4 saving threads,
 their futures awaited at the end) through ``speculators-compat run`` on ``--calls`` batches of
