@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -378,31 +379,38 @@ class _Bench:
                                     (("extract", self.extract_checked), ("extract_nocheck", self.extract_nocheck))}
         report["nohooks_error"] = self.sent.get("nohooks_error")
 
+    @contextlib.contextmanager
+    def worker_profiled(self):
+        """The capturing worker's (rank 0) thread under cProfile for the block; yields a dict whose
+        ``worker`` is its functions (as :func:`_top` lists them) once the block has ended."""
+        self.gen.executor.collective_rpc(w_cprofile, args=(True,))
+        out: dict = {}
+        try:
+            yield out
+        finally:
+            out["worker"] = self.gen.executor.collective_rpc(w_cprofile, args=(False,))[0]
+
     def profile_worker(self, fn, calls: int = 3) -> dict:
         """``calls`` more calls of ``fn`` with the capturing worker's thread under cProfile (rank 0)."""
-        self.gen.executor.collective_rpc(w_cprofile, args=(True,))
         t0 = time.perf_counter()
-        try:
+        with self.worker_profiled() as got:
             for _ in range(calls):
                 fn()
-        finally:
-            got = self.gen.executor.collective_rpc(w_cprofile, args=(False,))
-        return {"calls": calls, "driver_s": round(time.perf_counter() - t0, 3), "worker": got[0]}
+        return {"calls": calls, "driver_s": round(time.perf_counter() - t0, 3), "worker": got["worker"]}
 
     def profile_first_call(self, mode: str):
         """:meth:`call` of ``mode`` with the driver's and the capturing worker's (rank 0) threads
         under cProfile, their functions in ``first_call_profile``."""
         import cProfile
 
-        self.gen.executor.collective_rpc(w_cprofile, args=(True,))
         prof = cProfile.Profile()
-        prof.enable()
-        try:
-            got = self.call(mode)
-        finally:
-            prof.disable()
-            worker = self.gen.executor.collective_rpc(w_cprofile, args=(False,))[0]
-        self.report["first_call_profile"] = {"mode": mode, "driver": _top(prof, 30), "worker": worker}
+        with self.worker_profiled() as profiled:
+            prof.enable()
+            try:
+                got = self.call(mode)
+            finally:
+                prof.disable()
+        self.report["first_call_profile"] = {"mode": mode, "driver": _top(prof, 30), "worker": profiled["worker"]}
         return got
 
     def profile_before_steps(self, top: int = 30) -> dict:
